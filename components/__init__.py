@@ -1,0 +1,1 @@
+"""steprl components: the pure library (no Prefect, no MLflow, never reads params.yaml itself)."""

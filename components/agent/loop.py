@@ -1,0 +1,148 @@
+"""Run a batch of agent episodes turn by turn and emit one record per agent step.
+
+At each turn, ONE generate call covers every still-active episode; then each environment steps on
+its action. The context of the next step is the exact previous context + the sampled response ids +
+the rendered observation ids, so ``prompt_ids``/``response_ids`` are what the model saw and sampled.
+
+An episode ends when its environment says done, at ``max_steps`` turns (``truncated``), when a
+response is cut at ``max_response_len`` (``truncated``, reward 0, the cut action is not executed), or
+when its context would exceed ``max_prompt_len`` (the last recorded step is marked ``truncated``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tqdm.auto import tqdm
+
+from components.agent.render import ChatRenderer
+from components.rollout.base import RolloutEngine, SamplingConfig
+
+
+@dataclass
+class Episode:
+    traj_id: str
+    group_id: str
+    env: Any  # an AgentEnv
+    row: Mapping[str, Any]
+    context: list[int] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    done: bool = False
+
+
+def episode_seed(seed: int, traj_id: str, turn: int) -> int:
+    """A sampling seed that depends only on (seed, trajectory, turn), not on batch composition."""
+    return (seed * 1_000_003 + zlib.crc32(traj_id.encode()) * 101 + turn) % (2**31 - 1)
+
+
+def run_episodes(
+    engine: RolloutEngine,
+    renderer: ChatRenderer,
+    episodes: list[Episode],
+    *,
+    max_steps: int,
+    max_prompt_len: int,
+    max_response_len: int,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int = 0,
+    desc: str = "rollout",
+) -> list[dict]:
+    """Play every episode to its end; return the step records of all episodes, in episode order."""
+    for ep in episodes:
+        ep.context = renderer.prompt(ep.env.reset(ep.row))
+    bar = tqdm(total=len(episodes), desc=desc, unit="episode", leave=False)
+    for turn in range(max_steps):
+        active = [ep for ep in episodes if not ep.done]
+        for ep in active:
+            if len(ep.context) >= max_prompt_len:
+                _end_overlong(ep, turn)
+        active = [ep for ep in active if not ep.done]
+        if not active:
+            break
+        gens = engine.generate(
+            [ep.context for ep in active],
+            SamplingConfig(
+                max_tokens=max_response_len,
+                temperature=temperature,
+                top_p=top_p,
+            ),
+            seeds=[episode_seed(seed, ep.traj_id, turn) for ep in active],
+        )
+        for ep, (gen,) in zip(active, gens):
+            _advance(ep, gen, renderer, turn, last_turn=turn == max_steps - 1)
+        bar.update(sum(ep.done for ep in active))
+        bar.set_postfix(turn=turn + 1, active=sum(not ep.done for ep in episodes))
+    bar.close()
+    return [s for ep in episodes for s in ep.steps]
+
+
+def _record(ep: Episode, turn: int, prompt: list[int], ids: list[int], logprobs: list[float], *,
+            reward: float, done: bool, truncated: bool, action: str, feedback: str,
+            info: Mapping[str, Any]) -> None:
+    ep.steps.append(
+        {
+            "traj_id": ep.traj_id,
+            "group_id": ep.group_id,
+            "step": turn,
+            "prompt_ids": list(prompt),
+            "response_ids": list(ids),
+            "response_logprobs": [float(x) for x in logprobs],
+            "reward": float(reward),
+            "done": done,
+            "truncated": truncated,
+            "action": action,
+            "feedback": feedback,
+            "n_calls": int(info.get("n_calls", 0)),
+            "n_valid_calls": int(info.get("n_valid_calls", 0)),
+            "format_error": bool(info.get("format_error", False)),
+            "correct": bool(info.get("correct", False)),
+        }
+    )
+
+
+def _advance(ep: Episode, gen, renderer: ChatRenderer, turn: int, last_turn: bool) -> None:
+    action = renderer.decode(gen.token_ids)
+    if gen.finish_reason != "stop":
+        ep.done = True
+        _record(ep, turn, ep.context, gen.token_ids, gen.logprobs, reward=0.0, done=True,
+                truncated=True, action=action,
+                feedback=f"[response cut at {len(gen.token_ids)} tokens]",
+                info={"format_error": True})
+        return
+    out = ep.env.step(action)
+    feedback = "\n".join(str(m.get("content", "")) for m in out.messages)
+    ep.done = bool(out.done) or last_turn
+    _record(ep, turn, ep.context, gen.token_ids, gen.logprobs, reward=out.reward, done=ep.done,
+            truncated=ep.done and not out.done, action=action, feedback=feedback, info=out.info)
+    if not ep.done:
+        ep.context = ep.context + list(gen.token_ids) + renderer.observation(out.messages)
+
+
+def _end_overlong(ep: Episode, turn: int) -> None:
+    ep.done = True
+    if ep.steps:
+        ep.steps[-1]["done"] = True
+        ep.steps[-1]["truncated"] = True
+    else:
+        _record(ep, turn, ep.context, [], [], reward=0.0, done=True, truncated=True, action="",
+                feedback="[prompt longer than max_prompt_len]", info={})
+
+
+def episode_metrics(steps: list[dict]) -> dict[str, float]:
+    """Accuracy, mean turns, valid tool-call rate and format-error rate of a set of step records."""
+    by_traj: dict[str, list[dict]] = {}
+    for s in steps:
+        by_traj.setdefault(s["traj_id"], []).append(s)
+    n_traj = max(len(by_traj), 1)
+    calls = sum(s["n_calls"] for s in steps)
+    return {
+        "accuracy": sum(any(s["correct"] for s in t) for t in by_traj.values()) / n_traj,
+        "mean_turns": sum(len(t) for t in by_traj.values()) / n_traj,
+        "valid_tool_call_rate": (sum(s["n_valid_calls"] for s in steps) / calls) if calls else 0.0,
+        "format_error_rate": sum(s["format_error"] for s in steps) / max(len(steps), 1),
+        "truncated_rate": sum(any(s["truncated"] for s in t) for t in by_traj.values()) / n_traj,
+        "n_episodes": float(len(by_traj)),
+    }

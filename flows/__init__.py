@@ -1,0 +1,23 @@
+"""Prefect flows: one per DVC stage (`python -m flows.<stage>`). Thin orchestration over components/.
+
+Importing this package sets the process defaults every stage needs before Prefect, vLLM or
+DeepSpeed are imported: Prefect's home under the repo (so the Prefect UI of `make serve` sees runs
+made without a server), the in-process vLLM engine, and DeepSpeed's CPU accelerator when there is no GPU.
+"""
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+os.environ.setdefault("PREFECT_HOME", str(REPO / ".prefect"))
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+if not os.environ.get("CUDA_VISIBLE_DEVICES") and not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")

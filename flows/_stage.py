@@ -1,0 +1,90 @@
+"""What every stage flow shares: its command line, one-line errors, and its MLflow run."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from flows import REPO
+from components.config import ConfigError, Params, load_params
+
+
+class StageError(Exception):
+    """A user-facing failure: bad data, a missing model, an incomplete checkpoint."""
+
+
+def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
+    """Run a stage from the command line; bad input ends it with ONE clear error line.
+
+    ``run`` checks its inputs (params, model path, source data) BEFORE it enters its Prefect flow,
+    raising ConfigError or StageError, so a bad input stops the stage before any work.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m {run.__module__}")
+    parser.add_argument("--params", default="params.yaml", help="params file (default params.yaml)")
+    for name, kw in extra_args:
+        parser.add_argument(name, **kw)
+    args = vars(parser.parse_args())
+    try:
+        run(**args)
+    except (ConfigError, StageError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def read_params(path: str) -> Params:
+    return load_params(path)
+
+
+def tracking_uri(params: Params) -> str:
+    if params.mlflow.tracking_uri:
+        return params.mlflow.tracking_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    (REPO / "mlflow").mkdir(exist_ok=True)
+    return f"sqlite:///{REPO / 'mlflow' / 'mlflow.db'}"
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+@contextlib.contextmanager
+def mlflow_run(params: Params, run_name: str, sections: list[str], tags: dict | None = None) -> Iterator[Any]:
+    """An MLflow run in the task's experiment, with the params of ``sections`` logged flat."""
+    import mlflow
+
+    uri = tracking_uri(params)
+    mlflow.set_tracking_uri(uri)
+    name = params.mlflow.experiment or params.task
+    if mlflow.get_experiment_by_name(name) is None:
+        location = None
+        if uri.startswith("sqlite:"):
+            location = (REPO / "mlflow" / "artifacts").as_uri()
+        with contextlib.suppress(Exception):  # created concurrently by another run
+            mlflow.create_experiment(name, artifact_location=location)
+    mlflow.set_experiment(name)
+    dumped = params.model_dump()
+    flat = {"task": params.task, "seed": params.seed}
+    for s in sections:
+        flat.update(flatten(dumped[s], f"{s}."))
+    with mlflow.start_run(run_name=run_name, tags={"steprl.stage": run_name, **(tags or {})}) as run:
+        mlflow.log_params({k: ("null" if v is None else v) for k, v in flat.items()})
+        print(f"MLflow: run '{run_name}' ({run.info.run_id}) in experiment '{name}' at {uri}", flush=True)
+        yield run
+        print(f"MLflow: open the UI with `make mlflow-ui` and look at experiment '{name}'", flush=True)
+
+
+def repo_path(p: str | Path) -> Path:
+    p = Path(p)
+    return p if p.is_absolute() else REPO / p
