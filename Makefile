@@ -6,7 +6,7 @@ EXTRA  ?= cpu
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup repro test test-all clean-venv
+.PHONY: setup repro test test-all clean-venv mlflow-ui
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +34,9 @@ test-all: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# MLflow UI on the pipeline's sqlite store (runs logged by `make repro` show up), bound to 127.0.0.1.
+MLFLOW_PORT ?= 5000
+mlflow-ui: setup
+	mlflow ui --backend-store-uri sqlite:///$(abspath mlflow/mlflow.db) \
+	  --default-artifact-root $(abspath mlflow/artifacts) --host 127.0.0.1 --port $(MLFLOW_PORT)

@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PREFECT_HOME", str(REPO / ".prefect"))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

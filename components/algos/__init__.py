@@ -1,0 +1,37 @@
+"""Advantage estimators, policy/value losses, KL and entropy terms, and loss aggregation (ALGORITHMS.md).
+
+Registries with one signature each: ``ADVANTAGE_ESTIMATORS`` (``get_advantage_estimator``),
+``POLICY_LOSSES`` (``get_policy_loss``), ``KL_ESTIMATORS`` (``get_kl_estimator``), ``AGG_MODES``;
+``PRESETS`` names the combinations of grpo, ppo and steppo. Pure tensor math: no models, no engines.
+"""
+
+from components.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    AdvantageOutput,
+    get_advantage_estimator,
+)
+from components.algos.aggregation import AGG_MODES, aggregate_loss, loss_normalisers
+from components.algos.kl import KL_ESTIMATORS, get_kl_estimator, kl_penalty, kl_reward
+from components.algos.losses import POLICY_LOSSES, entropy_from_logits, get_policy_loss, value_loss
+from components.algos.presets import PRESETS, get_preset
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "PRESETS",
+    "AdvantageEstimator",
+    "AdvantageOutput",
+    "aggregate_loss",
+    "entropy_from_logits",
+    "get_advantage_estimator",
+    "get_kl_estimator",
+    "get_policy_loss",
+    "get_preset",
+    "kl_penalty",
+    "kl_reward",
+    "loss_normalisers",
+    "value_loss",
+]

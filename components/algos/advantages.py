@@ -1,0 +1,329 @@
+"""Advantage estimators of ALGORITHMS.md, one signature, looked up by name.
+
+Every estimator is called the same way (keyword-only, see ``AdvantageEstimator.__call__``) on a batch
+of step rows in any order, and returns ``AdvantageOutput``: ``advantages`` and ``returns`` (B, L),
+zero outside ``response_mask``, and ``step_returns`` (B,) where a per-step return exists.
+``AdvantageEstimator.critic`` says which critic the estimator needs ("token", "step" or None), so the
+trainer never branches on names. Estimators run without gradient.
+
+``rewards`` is (B,) (the step's reward, which sits on its last response token) or (B, L) token
+rewards (e.g. from ``kl.kl_reward``); step-level estimators use a row's token-reward sum.
+``returns`` is the (unwhitened, un-baselined) return each estimator builds its advantage from: S_tau
+for the trajectory-level ones, G_t for reinforce/gigpo, the token return for reinforce_pp, A + V for
+gae and step_gae (the critic targets). ``norm_adv`` only acts where ALGORITHMS.md says "whiten".
+
+Does not: compute critic values, add KL penalties (see ``kl``), or mask tool/env tokens (they are
+never in ``response_mask``: each row holds one LLM response).
+
+Departures from the papers / ALGORITHMS.md:
+1. The singleton-group rule of grpo (mean 0, std 1) is used by every group baseline: dr_grpo, rloo,
+   reinforce_pp_baseline and gigpo's episode term give A = S for a trajectory alone in its group, and
+   gigpo's step term gives A_step = G_t for a step alone in its (group, observation) step group.
+2. Episode ends use V = 0 whether the trajectory finished or was truncated (as ALGORITHMS.md says).
+3. Every row must have at least one response token (the reward of a step sits on its last token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+from torch import Tensor
+
+from components.algos.step_layout import StepLayout, build_layout, pack_tokens
+from components.algos.tensor_ops import (
+    GROUP_STD_EPS,
+    dense_ids,
+    discounted_reverse_cumsum,
+    group_stats,
+    per_token,
+    place_on_last_token,
+    shift_left,
+    whiten,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdvantageEstimator",
+    "AdvantageOutput",
+    "StepBatch",
+    "get_advantage_estimator",
+]
+
+CriticKind = Literal["token", "step"] | None
+
+
+@dataclass(frozen=True)
+class AdvantageOutput:
+    advantages: Tensor  # (B, L), 0 outside response_mask
+    returns: Tensor  # (B, L), 0 outside response_mask
+    step_returns: Tensor | None  # (B,) per step row, None for token-level returns
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Validated estimator input (built once by ``AdvantageEstimator.__call__``)."""
+
+    layout: StepLayout
+    mask: Tensor  # (B, L) bool response mask
+    step_rewards: Tensor  # (B,) r_t
+    token_rewards: Tensor  # (B, L) rewards on tokens (r_t on the last response token)
+    values: Tensor | None  # (B, L) token critic or (B,) step critic, as the estimator's `critic` says
+    obs_index: Tensor | None  # (B,) observation id (gigpo)
+    gamma: float
+    lam: float
+    norm_adv: bool
+    step_weight: float
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    name: str
+    fn: Callable[[StepBatch], AdvantageOutput]  # the math, on a validated batch
+    critic: CriticKind  # which critic values the estimator reads (None: no critic)
+    needs_groups: bool  # baseline from other trajectories of the same prompt (wants n >= 2 per prompt)
+    needs_obs_index: bool  # step groups by observation (gigpo)
+
+    def __call__(
+        self,
+        *,
+        rewards: Tensor,  # (B,) step rewards or (B, L) token rewards
+        response_mask: Tensor,  # (B, L) 1 on response tokens
+        traj_index: Tensor,  # (B,) long
+        step_index: Tensor,  # (B,) long, 0-based
+        group_index: Tensor,  # (B,) long, prompt group
+        values: Tensor | None = None,  # (B, L) if critic == "token", (B,) if critic == "step"
+        obs_index: Tensor | None = None,  # (B,) long, gigpo only
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        norm_adv: bool = True,
+        step_weight: float = 1.0,  # gigpo's w
+    ) -> AdvantageOutput:
+        batch = self._prepare(
+            rewards=rewards, response_mask=response_mask, traj_index=traj_index, step_index=step_index,
+            group_index=group_index, values=values, obs_index=obs_index, gamma=gamma, lam=lam,
+            norm_adv=norm_adv, step_weight=step_weight,
+        )  # fmt: skip
+        with torch.no_grad():
+            return self.fn(batch)
+
+    def _prepare(
+        self, *, rewards: Tensor, response_mask: Tensor, traj_index: Tensor, step_index: Tensor,
+        group_index: Tensor, values: Tensor | None, obs_index: Tensor | None, gamma: float, lam: float,
+        norm_adv: bool, step_weight: float,
+    ) -> StepBatch:  # fmt: skip
+        layout = build_layout(traj_index=traj_index, step_index=step_index, group_index=group_index)
+        n = traj_index.shape[0]
+        mask = _check_mask(response_mask, n)
+        dtype = torch.promote_types(rewards.dtype, torch.float32)
+        rewards = rewards.detach().to(dtype)
+        if rewards.shape == (n,):
+            step_r, token_r = rewards, place_on_last_token(rewards, mask)
+        elif rewards.shape == mask.shape:
+            token_r = torch.where(mask, rewards, torch.zeros((), dtype=dtype, device=rewards.device))
+            step_r = token_r.sum(1)
+        else:
+            raise ValueError(
+                f"rewards must have shape ({n},) or {tuple(mask.shape)}, got {tuple(rewards.shape)}"
+            )
+        _check_finite("rewards", token_r if rewards.dim() == 2 else rewards)  # (padding ignored)
+
+        if self.critic is not None:
+            want = tuple(mask.shape) if self.critic == "token" else (n,)
+            what = "per-token critic values" if self.critic == "token" else "per-step critic values"
+            if values is None:
+                raise ValueError(f"{self.name} needs values: {what} of shape {want}")
+            if tuple(values.shape) != want:
+                raise ValueError(
+                    f"{self.name} needs values of shape {want} ({what}), got {tuple(values.shape)}"
+                )
+            values = values.detach().to(dtype)
+            _check_finite("values", torch.where(mask, values, 0) if self.critic == "token" else values)
+            if self.critic == "token":
+                values = torch.where(mask, values, torch.zeros((), dtype=dtype, device=values.device))
+        else:
+            values = None
+        if self.needs_obs_index:
+            if obs_index is None:
+                raise ValueError(f"{self.name} needs obs_index (B,): the id of each step's observation")
+            if tuple(obs_index.shape) != (n,) or obs_index.dtype.is_floating_point:
+                raise ValueError(
+                    f"obs_index must be an integer tensor of shape ({n},), "
+                    f"got {obs_index.dtype} {tuple(obs_index.shape)}"
+                )
+        for name, x in (("gamma", gamma), ("lam", lam)):
+            if not 0.0 <= float(x) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {x}")
+        if not torch.isfinite(torch.tensor(float(step_weight))):
+            raise ValueError(f"step_weight must be finite, got {step_weight}")
+        return StepBatch(
+            layout=layout, mask=mask, step_rewards=step_r, token_rewards=token_r, values=values,
+            obs_index=obs_index if self.needs_obs_index else None, gamma=float(gamma), lam=float(lam),
+            norm_adv=bool(norm_adv), step_weight=float(step_weight),
+        )  # fmt: skip
+
+
+def _check_mask(response_mask: Tensor, n: int) -> Tensor:
+    if not isinstance(response_mask, Tensor):
+        raise TypeError(f"response_mask must be a torch.Tensor, got {type(response_mask).__name__}")
+    if response_mask.dim() != 2 or response_mask.shape[0] != n:
+        raise ValueError(f"response_mask must have shape ({n}, L), got {tuple(response_mask.shape)}")
+    bad = ((response_mask != 0) & (response_mask != 1)).nonzero()
+    if bad.numel():
+        r, c = int(bad[0, 0]), int(bad[0, 1])
+        raise ValueError(f"response_mask must be 0/1; row {r} column {c} is {response_mask[r, c].item()}")
+    mask = response_mask.bool()
+    empty = (~mask.any(1)).nonzero()
+    if empty.numel():
+        row = int(empty[0, 0])
+        raise ValueError(f"response_mask row {row} has no response tokens (every step needs one)")
+    return mask
+
+
+def _check_finite(name: str, x: Tensor) -> None:
+    bad = (~torch.isfinite(x)).nonzero()
+    if bad.numel():
+        idx = bad[0].tolist()
+        where = f"row {idx[0]}" + (f" column {idx[1]}" if len(idx) > 1 else "")
+        raise ValueError(f"{name} must be finite; {where} is {x[tuple(idx)].item()}")
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def _estimator(
+    name: str, *, critic: CriticKind = None, needs_groups: bool = False, needs_obs_index: bool = False
+) -> Callable[[Callable[[StepBatch], AdvantageOutput]], AdvantageEstimator]:
+    def register(fn: Callable[[StepBatch], AdvantageOutput]) -> AdvantageEstimator:
+        est = AdvantageEstimator(name, fn, critic, needs_groups, needs_obs_index)
+        ADVANTAGE_ESTIMATORS[name] = est
+        return est
+
+    return register
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as ``name``; unknown names raise KeyError listing the valid ones."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        valid = sorted(ADVANTAGE_ESTIMATORS)
+        raise KeyError(f"unknown advantage estimator {name!r}; valid: {valid}") from None
+
+
+# ---- trajectory-level helpers -------------------------------------------------------------------
+
+
+def _episode_scores(b: StepBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """S_tau (N,) and its group mean, std, size (N,) each (singleton: mean 0, std 1)."""
+    S = b.step_rewards.new_zeros(b.layout.num_traj).index_add_(0, b.layout.traj, b.step_rewards)  # (N,)
+    mean, std, n = group_stats(S, b.layout.traj_group)
+    return S, mean, std, n
+
+
+def _trajectory_output(b: StepBatch, adv_traj: Tensor, S: Tensor) -> AdvantageOutput:
+    """Broadcast per-trajectory advantages (N,) and returns S (N,) to every token of every step."""
+    adv_row, ret_row = adv_traj[b.layout.traj], S[b.layout.traj]  # (B,)
+    return AdvantageOutput(per_token(adv_row, b.mask), per_token(ret_row, b.mask), ret_row)
+
+
+def _discounted_step_returns(b: StepBatch) -> Tensor:
+    """G_t = r_t + gamma * G_{t+1} within each trajectory, (B,)."""
+    G = discounted_reverse_cumsum(b.layout.to_grid(b.step_rewards), b.gamma)  # (N, T)
+    return b.layout.from_grid(G)
+
+
+# ---- estimators ---------------------------------------------------------------------------------
+
+
+@_estimator("grpo", needs_groups=True)
+def grpo(b: StepBatch) -> AdvantageOutput:
+    """A_tau = (S_tau - mean_g S) / (std_g S + 1e-6), on every token of every step."""
+    S, mean, std, _ = _episode_scores(b)
+    return _trajectory_output(b, (S - mean) / (std + GROUP_STD_EPS), S)
+
+
+@_estimator("dr_grpo", needs_groups=True)
+def dr_grpo(b: StepBatch) -> AdvantageOutput:
+    """A_tau = S_tau - mean_g S (no std division)."""
+    S, mean, _, _ = _episode_scores(b)
+    return _trajectory_output(b, S - mean, S)
+
+
+@_estimator("rloo", needs_groups=True)
+def rloo(b: StepBatch) -> AdvantageOutput:
+    """A_tau = n/(n-1) (S_tau - mean_g S) = S_tau - mean of the other n-1 trajectories."""
+    S, mean, _, n = _episode_scores(b)
+    return _trajectory_output(b, n / (n - 1).clamp(min=1) * (S - mean), S)
+
+
+@_estimator("reinforce")
+def reinforce(b: StepBatch) -> AdvantageOutput:
+    """G_t = r_t + gamma G_{t+1}; A_t = G_t whitened over all step rows."""
+    G = _discounted_step_returns(b)  # (B,)
+    A = whiten(G, torch.ones_like(b.mask[:, 0])) if b.norm_adv else G
+    return AdvantageOutput(per_token(A, b.mask), per_token(G, b.mask), G)
+
+
+@_estimator("reinforce_pp")
+def reinforce_pp(b: StepBatch) -> AdvantageOutput:
+    """REINFORCE++: discounted token return inside each step row, whitened over all response tokens."""
+    n = b.mask.shape[0]
+    rows = torch.arange(n, device=b.mask.device)
+    packed = pack_tokens(b.mask, row_segment=rows, row_order=rows, num_seg=n)
+    G = packed.from_grid(discounted_reverse_cumsum(packed.to_grid(b.token_rewards), b.gamma), b.mask.shape)
+    A = whiten(G, b.mask) if b.norm_adv else G  # (B, L)
+    return AdvantageOutput(A, G, None)
+
+
+@_estimator("reinforce_pp_baseline", needs_groups=True)
+def reinforce_pp_baseline(b: StepBatch) -> AdvantageOutput:
+    """A = whiten over response tokens of (S_tau - mean_g S)."""
+    S, mean, _, _ = _episode_scores(b)
+    out = _trajectory_output(b, S - mean, S)
+    A = whiten(out.advantages, b.mask) if b.norm_adv else out.advantages
+    return AdvantageOutput(A, out.returns, out.step_returns)
+
+
+@_estimator("gae", critic="token")
+def gae(b: StepBatch) -> AdvantageOutput:
+    """PPO's GAE over the response tokens of a trajectory, chained across its steps.
+
+    Tokens of all steps are laid end to end, so the next value of a step's last token is the value of
+    the next step's first response token, and 0 after the final step:
+    delta_j = r_j + gamma V_{j+1} - V_j;  A_j = delta_j + gamma lam A_{j+1};  R_j = A_j + V_j."""
+    L = b.layout
+    packed = pack_tokens(b.mask, row_segment=L.traj, row_order=L.order, num_seg=L.num_traj)
+    r, v = packed.to_grid(b.token_rewards), packed.to_grid(b.values)  # (N, P), zero-padded
+    delta = r + b.gamma * shift_left(v) - v  # (N, P)
+    A = packed.from_grid(discounted_reverse_cumsum(delta, b.gamma * b.lam), b.mask.shape)  # (B, L)
+    R = A + b.values  # (B, L), 0 outside the mask (values were masked)
+    return AdvantageOutput(whiten(A, b.mask) if b.norm_adv else A, R, None)
+
+
+@_estimator("step_gae", critic="step")
+def step_gae(b: StepBatch) -> AdvantageOutput:
+    """StepPO: GAE over agent steps, V_t = critic value at the last prompt token of step t, V_T = 0:
+    delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lam A_{t+1};  R_t = A_t + V_t."""
+    L = b.layout
+    r, v = L.to_grid(b.step_rewards), L.to_grid(b.values)  # (N, T), 0 past the last step
+    delta = r + b.gamma * shift_left(v) - v  # (N, T)
+    A = L.from_grid(discounted_reverse_cumsum(delta, b.gamma * b.lam))  # (B,)
+    R = A + b.values  # (B,)
+    if b.norm_adv:
+        A = whiten(A, torch.ones_like(A, dtype=torch.bool))
+    return AdvantageOutput(per_token(A, b.mask), per_token(R, b.mask), R)
+
+
+@_estimator("gigpo", needs_groups=True, needs_obs_index=True)
+def gigpo(b: StepBatch) -> AdvantageOutput:
+    """GiGPO: A = A_episode (grpo formula) + w * A_step, where A_step normalises the discounted step
+    return G_t within the step group of rows sharing (prompt group, observation)."""
+    S, mean, std, _ = _episode_scores(b)
+    a_episode = ((S - mean) / (std + GROUP_STD_EPS))[b.layout.traj]  # (B,)
+    G = _discounted_step_returns(b)  # (B,)
+    step_group, _ = dense_ids(b.layout.traj_group[b.layout.traj], b.obs_index.long())  # (B,)
+    g_mean, g_std, _ = group_stats(G, step_group)
+    A = a_episode + b.step_weight * (G - g_mean) / (g_std + GROUP_STD_EPS)  # (B,)
+    return AdvantageOutput(per_token(A, b.mask), per_token(G, b.mask), G)

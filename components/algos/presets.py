@@ -1,0 +1,29 @@
+"""The three algorithms the user compares, as plain data (ALGORITHMS.md, "The three the user compares").
+
+Each preset names an advantage estimator, a policy loss, a loss aggregation mode and the critic kind
+("token", "step" or None; it always equals the estimator's ``critic``). Does not: hold
+hyper-parameters (those live in params.yaml) or validate a run's config.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PRESETS", "get_preset"]
+
+PRESETS: dict[str, dict[str, str | None]] = {
+    "grpo": {"estimator": "grpo", "policy_loss": "ppo", "loss_agg": "token-mean", "critic": None},
+    "ppo": {"estimator": "gae", "policy_loss": "ppo", "loss_agg": "token-mean", "critic": "token"},
+    "steppo": {
+        "estimator": "step_gae",
+        "policy_loss": "gspo",
+        "loss_agg": "seq-mean-token-mean",
+        "critic": "step",
+    },
+}
+
+
+def get_preset(name: str) -> dict[str, str | None]:
+    """A copy of the preset ``name``; unknown names raise KeyError listing the valid ones."""
+    try:
+        return dict(PRESETS[name])
+    except KeyError:
+        raise KeyError(f"unknown algorithm preset {name!r}; valid: {sorted(PRESETS)}") from None

@@ -1,0 +1,42 @@
+"""Environments: the AgentEnv interface, ToolEnv, BaseTool, tool-call parsing and name registries."""
+
+from components.envs.base import AgentEnv, BaseTool, StepOutcome, ToolEnv, ToolResult, run_tool
+from components.envs.parsing import CallError, ParsedAction, ToolCall, format_tool_call, parse_tool_calls
+from components.envs.registry import (
+    ENVS,
+    TASKS,
+    TOOLS,
+    UnknownNameError,
+    get_env,
+    get_task,
+    get_tool,
+    register_env,
+    register_task,
+    register_tool,
+)
+
+register_env("tool", ToolEnv)
+
+__all__ = [
+    "AgentEnv",
+    "BaseTool",
+    "StepOutcome",
+    "ToolEnv",
+    "ToolResult",
+    "run_tool",
+    "CallError",
+    "ParsedAction",
+    "ToolCall",
+    "format_tool_call",
+    "parse_tool_calls",
+    "ENVS",
+    "TASKS",
+    "TOOLS",
+    "UnknownNameError",
+    "get_env",
+    "get_task",
+    "get_tool",
+    "register_env",
+    "register_task",
+    "register_tool",
+]

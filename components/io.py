@@ -1,0 +1,55 @@
+"""Atomic writes of tables and JSON: a crash mid-write never leaves a file that looks whole.
+
+Each writer writes a temporary sibling and renames it into place (``os.replace`` is atomic on one
+filesystem), so a reader sees either the old file, the new file, or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+
+def _tmp_sibling(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def write_parquet(df: pl.DataFrame, path: str | Path) -> Path:
+    path = Path(path)
+    tmp = _tmp_sibling(path)
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    path = Path(path)
+    tmp = _tmp_sibling(path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_text(text: str, path: str | Path) -> Path:
+    path = Path(path)
+    tmp = _tmp_sibling(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,135 @@
+"""SFT examples from chat conversations: token ids of the full rendering, labels on assistant tokens only.
+
+What it does: renders a conversation with the tokenizer's own chat template, finds the character
+span of every assistant turn by rendering message prefixes and diffing the strings, tokenises the
+full rendering once (so the ids are exactly those of the whole conversation) and maps the spans onto
+tokens with the offset mapping. Labels are the token id inside an assistant span and -100 elsewhere:
+the system turn with the tool listing, user turns, tool responses and the ``<|im_start|>assistant\\n``
+headers are masked; the assistant's content or tool-call markup and its closing end-of-turn token
+are labelled. This needs no ``{% generation %}`` tags, so it works with any HF chat template whose
+rendering of ``messages[:k]`` plus the generation prompt is a prefix of the full rendering (Qwen2.5,
+Llama 3, ours...); a template for which that is false raises ``ValueError`` naming the message.
+
+Span of assistant message k: ``P = render(messages[:k], add_generation_prompt=True)``,
+``Q = render(messages[:k+1])``; the span is ``Q[len(P):]`` with the trailing whitespace the template
+puts between turns removed (so it ends at the end-of-turn token, e.g. ``<|im_end|>``). A token is
+labelled when its characters overlap a span.
+
+Labels are aligned with ``input_ids`` (not shifted): HF causal LMs shift them internally.
+What it does not do: pack several conversations into one row, or truncate (too long -> ``None``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["IGNORE_INDEX", "assistant_char_spans", "collate", "encode_conversation"]
+
+IGNORE_INDEX = -100
+
+
+def _render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    if not isinstance(text, str):
+        raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, expected str")
+    return text
+
+
+def _check_messages(messages: Sequence[dict]) -> list[dict]:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"messages must be a non-empty list of dicts, got {messages!r:.80}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}] must be a dict with a string 'role', got {m!r:.80}")
+    return list(messages)
+
+
+def assistant_char_spans(
+    tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The full rendering and the ``[start, end)`` character span of each assistant message in it."""
+    msgs = _check_messages(messages)
+    tools = tools or None
+    full = _render(tokenizer, msgs, tools, False)
+    spans: list[tuple[int, int]] = []
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        if k == 0:
+            raise ValueError("messages[0] is an assistant message: nothing precedes it to condition on")
+        prefix = _render(tokenizer, msgs[:k], tools, True)
+        upto = _render(tokenizer, msgs[: k + 1], tools, False)
+        if not upto.startswith(prefix):
+            raise ValueError(
+                f"chat template renders messages[:{k}] + generation prompt as {prefix[-60:]!r}, "
+                f"which is not a prefix of the rendering with assistant messages[{k}]"
+            )
+        end = len(upto.rstrip())
+        if end <= len(prefix):
+            raise ValueError(f"assistant messages[{k}] renders as nothing after the generation prompt")
+        if full[:end] != upto[:end]:
+            raise ValueError(
+                f"chat template renders assistant messages[{k}] differently inside the whole "
+                "conversation than at the end of its prefix; its spans cannot be found by prefix rendering"
+            )
+        spans.append((len(prefix), end))
+    if not spans:
+        raise ValueError("conversation has no assistant message: nothing to learn")
+    return full, spans
+
+
+def encode_conversation(
+    tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None, max_len: int
+) -> tuple[list[int], list[int]] | None:
+    """``(input_ids, labels)`` of one conversation, or ``None`` when it is longer than ``max_len`` tokens.
+
+    ``labels[i] == input_ids[i]`` for tokens the assistant produced, else ``-100``.
+    Raises ``ValueError`` for malformed messages, a conversation without an assistant message, or a
+    template whose prefixes are not prefixes (see the module docstring).
+    """
+    if not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len={max_len!r} must be a positive int")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("encode_conversation needs a fast tokenizer (it uses return_offsets_mapping)")
+    full, spans = assistant_char_spans(tokenizer, messages, tools)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids: list[int] = list(enc["input_ids"])
+    if len(ids) > max_len:
+        return None
+    labels = [IGNORE_INDEX] * len(ids)
+    j = 0  # spans and offsets are both increasing: one merge-like pass
+    for i, (start, end) in enumerate(enc["offset_mapping"]):
+        while j < len(spans) and spans[j][1] <= start:
+            j += 1
+        if j == len(spans):
+            break
+        s, e = spans[j]
+        if start < e and (end > s or (start == end and start >= s)):
+            labels[i] = ids[i]
+    return ids, labels
+
+
+def collate(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad ``(input_ids, labels)`` pairs into ``input_ids``, ``labels``, ``attention_mask``: (B, T)."""
+    if not examples:
+        raise ValueError("collate got no examples")
+    if not isinstance(pad_id, int):
+        raise ValueError(f"pad_id={pad_id!r} must be an int")
+    for i, ex in enumerate(examples):
+        if len(ex) != 2 or len(ex[0]) != len(ex[1]) or not len(ex[0]):
+            raise ValueError(f"examples[{i}] must be a pair (input_ids, labels) of equal, non-zero length")
+    t = max(len(ids) for ids, _ in examples)
+    b = len(examples)
+    input_ids = torch.full((b, t), pad_id, dtype=torch.long)  # (B, T)
+    labels = torch.full((b, t), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((b, t), dtype=torch.long)  # (B, T)
+    for i, (ids, labs) in enumerate(examples):
+        n = len(ids)
+        input_ids[i, :n] = torch.as_tensor(ids, dtype=torch.long)
+        labels[i, :n] = torch.as_tensor(labs, dtype=torch.long)
+        attention_mask[i, :n] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}

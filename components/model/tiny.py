@@ -1,0 +1,277 @@
+"""The embedded default model, and crash-safe saving/loading of HF-format checkpoints.
+
+What it does:
+- ``build_tiny_model``: a randomly initialised, seeded Qwen3-architecture causal LM sized by flat
+  arguments, with tied input/output embeddings, special-token ids taken from the tokenizer and a
+  generation config whose EOS is the tokenizer's end-of-turn token (``<|im_end|>`` for ours), so greedy
+  generation stops at the end of an assistant turn in transformers and in vLLM alike.
+- ``save_hf``: writes model + tokenizer (+ generation config) into a temporary sibling directory,
+  fsyncs them, writes the completion marker ``steprl_complete.json`` (file names and sizes) last, and
+  only then renames the directory into place. An interrupted write leaves a hidden ``.<name>.tmp-*``
+  sibling and never a directory at ``out_dir`` that looks whole.
+- ``is_complete_checkpoint`` / ``load_hf``: check the marker against the files, load model and
+  tokenizer, and raise :class:`CheckpointError` naming the directory when it is missing, incomplete
+  or not a causal LM.
+
+What it does not do: train, shard across processes, or save optimizer state (``components.train``).
+Replacing an existing checkpoint at ``out_dir`` is a rename-aside then rename-in: for a moment no
+directory exists at ``out_dir`` (never a half-written one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+__all__ = [
+    "MARKER_FILE",
+    "CheckpointError",
+    "build_tiny_model",
+    "is_complete_checkpoint",
+    "load_hf",
+    "save_hf",
+]
+
+MARKER_FILE = "steprl_complete.json"
+_MARKER_FORMAT = "steprl-hf-checkpoint/1"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message names the directory and the reason."""
+
+
+def build_tiny_model(
+    tokenizer: Any,
+    *,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_position_embeddings: int,
+    seed: int,
+) -> Qwen3ForCausalLM:
+    """A seeded, randomly initialised Qwen3 causal LM whose vocabulary is ``len(tokenizer)``.
+
+    The global torch RNG is left as it was (initialisation runs under a forked RNG).
+    """
+    sizes = dict(
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+    )
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive int")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even (rotary embeddings rotate pairs)")
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise ValueError("tokenizer has no eos_token: generation would never stop")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad_id
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False
+    )
+    return model
+
+
+def _fsync_tree(root: Path) -> dict[str, int]:
+    """fsync every file under ``root``; return {relative posix path: size in bytes}."""
+    files: dict[str, int] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+        files[path.relative_to(root).as_posix()] = path.stat().st_size
+    return files
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_hf(
+    model: PreTrainedModel, tokenizer: Any, out_dir: str | os.PathLike, *, metadata: dict | None = None
+) -> Path:
+    """Write model + tokenizer to ``out_dir`` atomically; returns ``out_dir`` as a Path.
+
+    ``metadata`` (JSON-serialisable) is stored in the completion marker, e.g. ``{"step": 40}``.
+    An existing ``out_dir`` is replaced only if it is empty or looks like a checkpoint (has a marker
+    or a ``config.json``), so a wrong path cannot wipe an unrelated directory.
+    """
+    out = Path(out_dir).absolute()
+    if out.exists():
+        if not out.is_dir():
+            raise CheckpointError(f"cannot save checkpoint to {out}: it exists and is not a directory")
+        if any(out.iterdir()) and not ((out / MARKER_FILE).exists() or (out / "config.json").exists()):
+            raise CheckpointError(
+                f"refusing to replace {out}: it is a non-empty directory that is not a checkpoint"
+            )
+    meta = json.loads(json.dumps(metadata or {}))  # fail before writing anything if not JSON-able
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = out.parent / f".{out.name}.tmp-{tag}"
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = _fsync_tree(tmp)
+        marker = {"format": _MARKER_FORMAT, "files": files, "metadata": meta}
+        with open(tmp / MARKER_FILE, "w") as fh:
+            json.dump(marker, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        old = out.parent / f".{out.name}.old-{tag}"
+        if out.exists():
+            os.rename(out, old)
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            if old.exists() and not out.exists():
+                os.rename(old, out)
+            raise
+        _fsync_dir(out.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _incomplete_reason(path: Path) -> str | None:
+    """Why ``path`` is not a complete steprl checkpoint, or None if it is."""
+    if not path.is_dir():
+        return "it does not exist" if not path.exists() else "it is not a directory"
+    marker_path = path / MARKER_FILE
+    if not marker_path.is_file():
+        return f"it has no {MARKER_FILE} (the write was interrupted, or it was not written by save_hf)"
+    try:
+        marker = json.loads(marker_path.read_text())
+        files = marker["files"]
+        if marker.get("format") != _MARKER_FORMAT or not isinstance(files, dict):
+            raise ValueError(f"unknown format {marker.get('format')!r}")
+    except (ValueError, KeyError, TypeError) as err:
+        return f"its {MARKER_FILE} is unreadable ({err})"
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"file {name} listed in {MARKER_FILE} is missing"
+        if f.stat().st_size != size:
+            return f"file {name} has {f.stat().st_size} bytes, {MARKER_FILE} says {size}"
+    return None
+
+
+def is_complete_checkpoint(path: str | os.PathLike) -> bool:
+    """True when ``path`` holds a checkpoint written to the end by :func:`save_hf`."""
+    return _incomplete_reason(Path(path)) is None
+
+
+def _hf_weights_reason(path: Path) -> str | None:
+    """For a directory without our marker: why its HF weights are incomplete, or None."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = path / index_name
+        if index.is_file():
+            try:
+                shards = set(json.loads(index.read_text())["weight_map"].values())
+            except (ValueError, KeyError, TypeError) as err:
+                return f"its {index_name} is unreadable ({err})"
+            missing = sorted(s for s in shards if not (path / s).is_file())
+            return f"weight shards missing: {missing}" if missing else None
+    if (path / "model.safetensors").is_file() or (path / "pytorch_model.bin").is_file():
+        return None
+    return "it has no model weights (model.safetensors or pytorch_model.bin)"
+
+
+def load_hf(
+    path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, require_marker: bool = True
+) -> tuple[PreTrainedModel, Any]:
+    """Load ``(model, tokenizer)`` from an HF directory; raise :class:`CheckpointError` naming it.
+
+    ``require_marker=True`` (our own checkpoints) demands a complete :func:`save_hf` marker;
+    ``False`` accepts any HF causal-LM directory (e.g. a downloaded Qwen2.5), checking only that its
+    config, weight files and tokenizer are there.
+    """
+    p = Path(path).absolute()
+    if require_marker:
+        reason = _incomplete_reason(p)
+    elif not p.is_dir():
+        reason = "it does not exist" if not p.exists() else "it is not a directory"
+    elif not (p / "config.json").is_file():
+        reason = "it has no config.json"
+    else:
+        reason = _hf_weights_reason(p)
+    if reason is not None:
+        raise CheckpointError(f"cannot load checkpoint {p}: {reason}")
+    try:
+        config = AutoConfig.from_pretrained(p)
+    except Exception as err:  # noqa: BLE001 - re-raised with the directory named
+        raise CheckpointError(f"cannot load checkpoint {p}: config.json is not a model config ({err})") from err
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise CheckpointError(
+            f"cannot load checkpoint {p}: model_type={config.model_type!r} is not a causal LM"
+        )
+    # transformers 5 silently builds an empty tokenizer when the files are missing: look first.
+    if not any((p / name).is_file() for name in _TOKENIZER_FILES):
+        raise CheckpointError(f"cannot load checkpoint {p}: no usable tokenizer (none of {list(_TOKENIZER_FILES)})")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(p)
+    except Exception as err:  # noqa: BLE001
+        raise CheckpointError(f"cannot load checkpoint {p}: no usable tokenizer ({err})") from err
+    vocab = getattr(config, "vocab_size", None) or getattr(config.get_text_config(), "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise CheckpointError(
+            f"cannot load checkpoint {p}: tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab}"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype)
+    except Exception as err:  # noqa: BLE001
+        raise CheckpointError(f"cannot load checkpoint {p}: model weights failed to load ({err})") from err
+    return model, tokenizer

@@ -1,0 +1,28 @@
+"""The calc task's environment: a ToolEnv with the calculator, the calc system prompt and reward."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from components.envs.base import ToolEnv
+from components.tasks.calc.calculator import CalculatorTool
+from components.tasks.calc.prompts import SYSTEM_PROMPT
+from components.tasks.calc.reward import parse_answer, score
+
+__all__ = ["make_env", "tools"]
+
+
+def make_env(row: Mapping[str, Any] | None = None, *, malformed_penalty: float = 0.0) -> ToolEnv:
+    """A fresh calc environment (``row`` is accepted for the common factory signature; reset() takes it)."""
+    return ToolEnv(
+        [CalculatorTool()],
+        score,
+        SYSTEM_PROMPT,
+        answer_fn=parse_answer,
+        malformed_penalty=malformed_penalty,
+    )
+
+
+def tools() -> list[dict[str, Any]]:
+    """The OpenAI tool schemas of the calc task (for ``apply_chat_template(tools=...)``)."""
+    return [CalculatorTool().schema()]

@@ -1,0 +1,134 @@
+"""Deterministic generator of short multi-step arithmetic word problems that need a calculator.
+
+A problem is a chain: "Ava has 12 apples. Ava gets 5 more apples. Ava then has 3 times as many apples.
+How many apples does Ava have now?" Each sentence after the first is one calculator call that combines
+the previous result with one new number (``12 + 5``, then ``17 * 3``), so the number of calls is the
+number of operation sentences, drawn uniformly from ``[min_calls, max_calls]``. New numbers are at most
+``max_operand``; every result is a whole number >= 1 (subtractions keep it positive, divisions are
+exact by a divisor in 2..min(max_operand, 1000) other than the value itself, products stay below
+10**12). The expert trajectory writes exactly those calls and the answer.
+
+Splits come from independent random streams (seed, split), generated test first, then val, then
+train, each skipping questions already taken, so no question is shared between splits and the test
+split does not change when ``n_train`` does.
+
+It does not load files (see ``gsm8k.py``) and does not validate beyond building a TaskSchema table.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import polars as pl
+
+from components.schemas import TaskSchema, validate_table
+from components.tasks.calc.expert import answer_message, call_message, encode_expert, tool_message
+
+__all__ = ["Problem", "generate_problem", "generate_split", "generate_splits", "SPLITS"]
+
+SPLITS = ("train", "val", "test")
+_NAMES = ("Ava", "Ben", "Cara", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ivy", "Jack", "Kim", "Leo",
+          "Mia", "Noah", "Omar", "Pia")
+_ITEMS = ("apples", "books", "coins", "pens", "stickers", "marbles", "cards", "shells", "stamps", "eggs")
+_MAX_PRODUCT = 10**12
+_MAX_MISSES = 2000  # this many duplicates in a row: the problem space is (nearly) exhausted
+_MAX_DIVISOR = 1000  # divisions use divisors up to min(max_operand, this), to bound the search
+# op -> (calculator symbol, sentence templates); {who}, {n} (the new number), {items}.
+_OPS = {
+    "add": ("+", ("{who} gets {n} more {items}.", "{who} finds {n} more {items}.")),
+    "sub": ("-", ("{who} gives away {n} {items}.", "{who} loses {n} {items}.")),
+    "mul": ("*", ("{who} then has {n} times as many {items}.",)),
+    "div": ("/", ("{who} splits the {items} into {n} equal piles and keeps one pile.",)),
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    answer: str  # an integer, as text
+    expert: list[dict]  # messages after the user prompt
+    n_calls: int
+
+
+def _feasible(value: int, max_operand: int) -> dict[str, tuple[int, int] | list[int]]:
+    """For each op that keeps the result a whole number >= 1: its range of new numbers (or the list)."""
+    out: dict[str, tuple[int, int] | list[int]] = {"add": (1, max_operand)}
+    if value >= 2:
+        out["sub"] = (1, min(value - 1, max_operand))
+    hi = min(max_operand, _MAX_PRODUCT // value)
+    if hi >= 2:
+        out["mul"] = (2, hi)
+    divisors = [d for d in range(2, min(max_operand, value - 1, _MAX_DIVISOR) + 1) if value % d == 0]
+    if divisors:
+        out["div"] = divisors
+    return out
+
+
+def generate_problem(rng: random.Random, n_calls: int, max_operand: int) -> Problem:
+    """One problem with exactly ``n_calls`` calculator calls, drawn from ``rng``."""
+    if n_calls < 1 or max_operand < 2:
+        raise ValueError(f"need n_calls >= 1 and max_operand >= 2, got n_calls={n_calls}, max_operand={max_operand}")
+    who, items = rng.choice(_NAMES), rng.choice(_ITEMS)
+    value = rng.randint(1, max_operand)
+    sentences = [f"{who} has {value} {items}."]
+    expert: list[dict] = []
+    for _ in range(n_calls):
+        options = _feasible(value, max_operand)
+        op = rng.choice(sorted(options))
+        choice = options[op]
+        n = rng.choice(choice) if isinstance(choice, list) else rng.randint(*choice)
+        symbol, templates = _OPS[op]
+        sentences.append(rng.choice(templates).format(who=who, n=n, items=items))
+        result = {"add": value + n, "sub": value - n, "mul": value * n, "div": value // n}[op]
+        expert += [call_message(f"{value} {symbol} {n}"), tool_message(str(result))]
+        value = result
+    sentences.append(f"How many {items} does {who} have now?")
+    expert.append(answer_message(str(value)))
+    return Problem(" ".join(sentences), str(value), expert, n_calls)
+
+
+def generate_split(
+    split: str, n: int, *, seed: int, min_calls: int, max_calls: int, max_operand: int, taken: set[str]
+) -> pl.DataFrame:
+    """``n`` problems of one split whose questions are not in ``taken`` (which gains them)."""
+    if not 1 <= min_calls <= max_calls:
+        raise ValueError(f"need 1 <= min_calls <= max_calls, got min_calls={min_calls}, max_calls={max_calls}")
+    rng = random.Random(f"calc/{seed}/{split}")
+    rows, misses = [], 0
+    while len(rows) < n:
+        if misses >= _MAX_MISSES:
+            raise ValueError(
+                f"could only generate {len(rows)} unique {split} questions of {n} requested with "
+                f"max_operand={max_operand}, calls {min_calls}..{max_calls}; raise max_operand or max_calls"
+            )
+        p = generate_problem(rng, rng.randint(min_calls, max_calls), max_operand)
+        if p.question in taken:
+            misses += 1
+            continue
+        misses = 0
+        taken.add(p.question)
+        rows.append(
+            {"id": f"calc-{split}-{len(rows):06d}", "question": p.question, "answer": p.answer,
+             "expert": encode_expert(p.expert), "split": split, "n_calls": p.n_calls}
+        )
+    schema = {"id": pl.String, "question": pl.String, "answer": pl.String, "expert": pl.String,
+              "split": pl.String, "n_calls": pl.Int64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def generate_splits(
+    seed: int, n_train: int, n_val: int, n_test: int, min_calls: int, max_calls: int, max_operand: int
+) -> dict[str, pl.DataFrame]:
+    """``{"train", "val", "test"}`` tables (TaskSchema) with no question shared between them."""
+    for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
+        if value < 0:
+            raise ValueError(f"{key} must be >= 0, got {value}")
+    sizes = {"train": n_train, "val": n_val, "test": n_test}
+    taken: set[str] = set()
+    out = {}
+    for split in ("test", "val", "train"):
+        df = generate_split(split, sizes[split], seed=seed, min_calls=min_calls, max_calls=max_calls,
+                            max_operand=max_operand, taken=taken)
+        out[split] = validate_table(df, TaskSchema, f"generated calc split {split!r}")
+    return {split: out[split] for split in SPLITS}

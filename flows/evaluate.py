@@ -1,0 +1,100 @@
+"""Stage `evaluate@<model>`: greedy multi-turn evaluation of models/<model> on a held-out split.
+
+Plays every row of the split to the end with the task's real tools, generating with the rollout
+engine (vLLM by default). Writes metrics/eval_<model>.json (accuracy, mean turns, valid tool-call rate,
+format-error rate), logs the same to MLflow with a readable sample of trajectories.
+"""
+
+from __future__ import annotations
+
+import time
+
+import polars as pl
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows import REPO
+from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._trajectories import render_samples
+from components.agent.loop import Episode, episode_metrics, run_episodes
+from components.agent.render import ChatRenderer
+from components.config import Params
+from components.io import write_json
+from components.model.tiny import is_complete_checkpoint
+from components.rollout import make_engine
+from components.envs import get_task
+
+
+def model_dir(name: str):
+    return REPO / "models" / name
+
+
+@task(cache_policy=NO_CACHE)
+def greedy_rollout(params: Params, model: str, rows: list[dict]) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    spec = get_task(params.task)
+    path = model_dir(model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    r = params.rollout
+    engine = make_engine(
+        r.engine,
+        str(path),
+        stop_token_ids=[tokenizer.eos_token_id],
+        dtype=r.dtype,
+        max_model_len=r.max_prompt_len + r.max_response_len,
+        kv_cache_gib=r.kv_cache_gib,
+        seed=params.seed,
+    )
+    renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
+    episodes = [Episode(str(row["id"]), str(row["id"]), spec.make_env(row), row) for row in rows]
+    try:
+        return run_episodes(
+            engine,
+            renderer,
+            episodes,
+            max_steps=r.max_steps,
+            max_prompt_len=r.max_prompt_len,
+            max_response_len=r.max_response_len,
+            temperature=0.0,
+            seed=params.seed,
+            desc=f"evaluate {model}",
+        )
+    finally:
+        engine.close()
+
+
+@flow(name="evaluate")
+def evaluate_flow(params: Params, model: str) -> dict[str, float]:
+    split = params.evaluate.split
+    df = pl.read_parquet(REPO / "data" / "processed" / params.task / f"{split}.parquet")
+    if params.evaluate.max_samples:
+        df = df.head(params.evaluate.max_samples)
+    with mlflow_run(params, f"evaluate-{model}", ["rollout", "evaluate"], tags={"steprl.model": model}):
+        import mlflow
+
+        start = time.perf_counter()
+        steps = greedy_rollout(params, model, df.to_dicts())
+        metrics = episode_metrics(steps)
+        metrics["wall_time_s"] = time.perf_counter() - start
+        metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in steps))
+        write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
+        mlflow.log_metrics({f"eval/{k}": v for k, v in metrics.items()})
+        mlflow.log_text(render_samples(steps, limit=20), f"samples/eval_{model}.md")
+    print(
+        f"evaluate {model} on {split} ({len(df)} rows): accuracy {metrics['accuracy']:.3f}, "
+        f"mean turns {metrics['mean_turns']:.2f}, valid tool calls {metrics['valid_tool_call_rate']:.3f}, "
+        f"format errors {metrics['format_error_rate']:.3f}"
+    )
+    return metrics
+
+
+def main(params: str, model: str) -> None:
+    p = read_params(params)
+    if not is_complete_checkpoint(model_dir(model)):
+        raise StageError(f"model {model!r}: {model_dir(model)} is not a complete checkpoint (run its stage first)")
+    evaluate_flow(p, model)
+
+
+if __name__ == "__main__":
+    stage_main(main, ("--model", {"required": True, "help": "a directory under models/ (e.g. sft)"}))
