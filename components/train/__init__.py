@@ -1,0 +1,1 @@
+"""DeepSpeed training: distributed init, engine + optimizer step, SFT loop, checkpoints."""

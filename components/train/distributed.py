@@ -1,0 +1,128 @@
+"""Start (or join) the torch.distributed world DeepSpeed needs, on one CPU or under the launcher.
+
+What it does:
+- Without a launcher (no ``WORLD_SIZE`` in the environment) it fills in a one-process world:
+  ``RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=<a free port>``.
+  Under the ``deepspeed``/``torchrun`` launcher it uses the launcher's variables untouched.
+- Without CUDA it selects DeepSpeed's CPU accelerator (``DS_ACCELERATOR=cpu``) and the gloo backend;
+  with CUDA, NCCL and the GPU ``LOCAL_RANK``.
+- It is idempotent: a second call (or a call after someone else initialised torch.distributed)
+  returns the same :class:`DistInfo` without touching the process group.
+
+What it does not do: launch processes, pick GPUs for other ranks, or tear the group down.
+
+Departures from a plain ``deepspeed.init_distributed()``:
+1. On CPU with one process, DeepSpeed would JIT-compile its shared-memory all-reduce C++ op (about a
+   minute, and it needs a C++ toolchain) although a world of one never communicates; we skip that build.
+   With more than one CPU process the op is built as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DistInfo", "init_distributed", "free_port"]
+
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the world, and which device/backend it trains on."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str  # "gloo" (CPU) or "nccl" (CUDA)
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _fill_single_process_env() -> None:
+    """Set the launcher variables for a world of one, unless a launcher set them already."""
+    if "WORLD_SIZE" in os.environ:
+        missing = [v for v in _LAUNCHER_VARS if v not in os.environ]
+        if missing and int(os.environ["WORLD_SIZE"]) > 1:
+            raise RuntimeError(
+                f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but {missing} are not: "
+                "start multi-process training with the deepspeed (or torchrun) launcher"
+            )
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
+
+
+def _skip_shm_build_for_single_cpu_process() -> None:
+    import deepspeed.comm.torch as ds_torch_comm
+
+    if hasattr(ds_torch_comm, "build_shm_op"):
+        ds_torch_comm.build_shm_op = lambda: None
+
+
+def _info() -> DistInfo:
+    rank = torch.distributed.get_rank()
+    world = torch.distributed.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = str(torch.distributed.get_backend())
+    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") == "cuda":
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=device)
+
+
+def init_distributed() -> DistInfo:
+    """Initialise DeepSpeed's communication (gloo on CPU, NCCL on CUDA) once; return this rank's info.
+
+    Must run before the first ``import deepspeed`` anywhere in the process picks an accelerator, or
+    at least before anything asks for it; :func:`components.train.engine.build_engine` calls it.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        import deepspeed
+
+        # Someone (us earlier, or the caller) already made the group; let DeepSpeed's comm wrap it.
+        if torch.distributed.get_world_size() == 1 and not torch.cuda.is_available():
+            _skip_shm_build_for_single_cpu_process()
+        deepspeed.init_distributed(dist_backend=str(torch.distributed.get_backend()), verbose=False)
+        return _info()
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _fill_single_process_env()
+    on_cpu = os.environ.get("DS_ACCELERATOR") == "cpu" or not cuda
+    backend = "gloo" if on_cpu else "nccl"
+
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    accel = get_accelerator().device_name()
+    if on_cpu and accel != "cpu":
+        raise RuntimeError(
+            f"DeepSpeed already chose accelerator {accel!r} but this process has no CUDA; "
+            "call init_distributed() before anything else asks DeepSpeed for its accelerator, "
+            "or set DS_ACCELERATOR=cpu in the environment"
+        )
+    if on_cpu and int(os.environ["WORLD_SIZE"]) == 1:
+        _skip_shm_build_for_single_cpu_process()
+    if not on_cpu:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+    return _info()

@@ -1,0 +1,281 @@
+"""The DeepSpeed engine wrapper: a pure config builder, the engine factory and one optimizer step.
+
+What it does:
+- ``make_ds_config``: the DeepSpeed config dict from flat arguments (AdamW with ``torch_adam`` so no
+  C++ op is compiled, a warmup + linear-decay or warmup + constant schedule, gradient clipping, ZeRO
+  stage, a ``bf16`` section for bf16). Pure; unit-testable without DeepSpeed.
+- ``build_engine``: joins (or starts) the distributed world and wraps a model in a DeepSpeed engine.
+  Any number of engines can live in one process (the RL trainer holds an actor and a critic).
+- ``train_step``: one optimizer step over a list of micro-batches with a caller-supplied
+  ``loss_fn(engine, micro_batch) -> (loss, metrics)``. The caller has ALREADY divided each micro-batch
+  loss by the global normaliser of the whole optimizer batch, so gradients are plainly summed over
+  micro-batches: ``engine.backward(loss, scale_wrt_gas=False)`` switches off DeepSpeed's division by
+  ``gradient_accumulation_steps``, and the accumulation boundary is set explicitly, so any number of
+  micro-batches makes exactly one update. A non-finite loss or gradient skips the whole update
+  (weights, optimizer state and learning-rate schedule unchanged) and is reported as ``skipped: 1``.
+
+What it does not do: compute losses, split batches or save checkpoints (``sft``, ``checkpoint``).
+
+Departures from DeepSpeed defaults:
+1. DeepSpeed divides every micro-batch loss by ``gradient_accumulation_steps``; we do not (see above).
+   ``gradient_accumulation_steps`` in the config is informational (it sizes ``train_batch_size``).
+2. DeepSpeed skips a non-finite update only inside its ZeRO/bf16 optimizers; plain fp32 ZeRO-0 would
+   apply it. We check that path ourselves, and we turn a non-finite *loss* into non-finite gradients
+   (``loss * nan``) so every rank and every optimizer wrapper takes the same skip decision.
+3. DeepSpeed's warmup schedulers need at least 2 warmup steps; ``warmup_steps=0`` is expressed as a
+   warmup that starts and ends at ``lr``. As in DeepSpeed (and transformers), the first warmup step
+   runs at lr 0 when ``warmup_steps > 0``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import torch
+
+from components.train.distributed import init_distributed
+
+__all__ = ["LossFn", "make_ds_config", "build_engine", "train_step"]
+
+# loss_fn(engine, micro_batch) -> (scalar loss already divided by the global normaliser, metrics)
+LossFn = Callable[[Any, Any], "tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]"]
+
+_DTYPES = ("fp32", "bf16")
+_SCHEDULES = ("linear_decay", "constant")
+
+
+def _check_number(name: str, value: Any, *, low: float, strict: bool, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        want = "an int" if integer else "a number"
+        raise ValueError(f"{name}={value!r} must be {want}")
+    if not math.isfinite(value) or (value <= low if strict else value < low):
+        raise ValueError(f"{name}={value!r} must be {'>' if strict else '>='} {low}")
+
+
+def make_ds_config(
+    *,
+    lr: float,
+    weight_decay: float,
+    zero_stage: int,
+    dtype: Literal["fp32", "bf16"],
+    grad_clip: float,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    warmup_steps: int,
+    total_steps: int,
+    world_size: int = 1,
+    lr_schedule: Literal["linear_decay", "constant"] = "linear_decay",
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> dict[str, Any]:
+    """The DeepSpeed config dict for these settings (pure; raises ValueError naming a bad argument).
+
+    ``lr_schedule``: ``linear_decay`` = linear warmup to ``lr`` over ``warmup_steps`` then linear
+    decay to 0 at ``total_steps`` (WarmupDecayLR); ``constant`` = linear warmup then ``lr`` (WarmupLR).
+    """
+    _check_number("lr", lr, low=0.0, strict=True)
+    _check_number("weight_decay", weight_decay, low=0.0, strict=False)
+    _check_number("grad_clip", grad_clip, low=0.0, strict=True)
+    _check_number("eps", eps, low=0.0, strict=True)
+    _check_number("micro_batch_size", micro_batch_size, low=1, strict=False, integer=True)
+    _check_number("grad_accum_steps", grad_accum_steps, low=1, strict=False, integer=True)
+    _check_number("warmup_steps", warmup_steps, low=0, strict=False, integer=True)
+    _check_number("total_steps", total_steps, low=1, strict=False, integer=True)
+    _check_number("world_size", world_size, low=1, strict=False, integer=True)
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage!r} must be one of 0, 1, 2, 3")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {list(_DTYPES)}")
+    if lr_schedule not in _SCHEDULES:
+        raise ValueError(f"lr_schedule={lr_schedule!r} must be one of {list(_SCHEDULES)}")
+    if warmup_steps > total_steps:
+        raise ValueError(f"warmup_steps={warmup_steps} > total_steps={total_steps}")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas={betas!r} must be two numbers in [0, 1)")
+
+    warmup = {
+        # warmup_steps=0: DeepSpeed needs a positive warmup; one that starts at lr is no warmup.
+        "warmup_min_lr": 0.0 if warmup_steps > 0 else lr,
+        "warmup_max_lr": lr,
+        "warmup_num_steps": max(1, warmup_steps),
+        "warmup_type": "linear",
+    }
+    if lr_schedule == "linear_decay":
+        scheduler = {"type": "WarmupDecayLR", "params": {"total_num_steps": total_steps, **warmup}}
+    else:
+        scheduler = {"type": "WarmupLR", "params": warmup}
+
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum_steps,
+        "train_batch_size": micro_batch_size * grad_accum_steps * world_size,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": lr,
+                "betas": list(betas),
+                "eps": eps,
+                "weight_decay": weight_decay,
+                "torch_adam": True,
+            },
+        },
+        "scheduler": scheduler,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "steps_per_print": 2**31 - 1,  # we log; silence DeepSpeed's own progress lines
+        "wall_clock_breakdown": False,
+    }
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    if zero_stage == 3:
+        # save_checkpoint/HF export gather the full weights themselves (components.train.checkpoint).
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
+    return config
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only; norms, biases (1-D) are not decayed."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_engine(
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    zero_stage: int,
+    dtype: Literal["fp32", "bf16"],
+    grad_clip: float,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    warmup_steps: int,
+    total_steps: int,
+    lr_schedule: Literal["linear_decay", "constant"] = "linear_decay",
+) -> Any:
+    """Wrap ``model`` in a DeepSpeed engine (gloo/CPU or NCCL/GPU, as the process was launched).
+
+    Returns the ``deepspeed.DeepSpeedEngine``; ``engine.module`` is the (possibly bf16-cast) model.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"model {type(model).__name__} has no trainable parameters")
+    dist = init_distributed()
+    config = make_ds_config(
+        lr=lr,
+        weight_decay=weight_decay,
+        zero_stage=zero_stage,
+        dtype=dtype,
+        grad_clip=grad_clip,
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=grad_accum_steps,
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+        world_size=dist.world_size,
+        lr_schedule=lr_schedule,
+    )
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, config=config, model_parameters=_param_groups(model, weight_decay)
+    )
+    return engine
+
+
+def _is_plain_optimizer(engine: Any) -> bool:
+    """True when DeepSpeed steps a bare torch optimizer (fp32, ZeRO-0): no built-in overflow skip."""
+    return isinstance(engine.optimizer, torch.optim.Optimizer) and not hasattr(engine.optimizer, "overflow")
+
+
+def _grad_norm_plain(engine: Any) -> float:
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+
+
+def _as_float(name: str, value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"loss_fn metric {name!r} must be a scalar, got shape {tuple(value.shape)}")
+        return float(value.detach())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"loss_fn metric {name!r} must be a number or scalar tensor, got {type(value).__name__}")
+
+
+def train_step(engine: Any, micro_batches: Sequence[Any], loss_fn: LossFn) -> dict[str, float]:
+    """One optimizer update from ``micro_batches``; returns metrics.
+
+    Each ``loss_fn`` loss must already be divided by the normaliser of the WHOLE batch: gradients are
+    summed over micro-batches unscaled. Metrics from ``loss_fn`` are summed over micro-batches (so
+    return per-batch contributions, e.g. normalised sums). Returned keys: ``loss`` (sum of micro-batch
+    losses), ``grad_norm`` (before clipping; inf/nan when skipped), ``lr`` (used by this update),
+    ``skipped`` (1.0 if the update was not applied), ``n_micro_batches``, ``step_time_s``, and the
+    summed ``loss_fn`` metrics.
+    """
+    if isinstance(micro_batches, (str, bytes)) or not isinstance(micro_batches, Sequence):
+        raise TypeError(f"micro_batches must be a list of micro-batches, got {type(micro_batches).__name__}")
+    if len(micro_batches) == 0:
+        raise ValueError("micro_batches is empty: an optimizer step needs at least one micro-batch")
+    start = time.perf_counter()
+    engine.train()
+    lr = float(engine.get_lr()[0])
+    loss_sum = 0.0
+    nonfinite_loss = False
+    summed: dict[str, float] = {}
+    n = len(micro_batches)
+    for i, micro_batch in enumerate(micro_batches):
+        engine.set_gradient_accumulation_boundary(i == n - 1)
+        loss, metrics = loss_fn(engine, micro_batch)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError(f"loss_fn must return a scalar tensor loss, got {type(loss).__name__}")
+        if not loss.requires_grad:
+            raise ValueError("loss_fn returned a loss that does not require grad (was it computed under no_grad?)")
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            nonfinite_loss = True
+            # Make the gradients non-finite too, so the skip is decided from them on every path/rank.
+            loss = loss * float("nan")
+        loss_sum += value
+        for key, v in metrics.items():
+            summed[key] = summed.get(key, 0.0) + _as_float(key, v)
+        engine.backward(loss.reshape(()), scale_wrt_gas=False)
+    engine.set_gradient_accumulation_boundary(True)
+
+    if _is_plain_optimizer(engine):
+        grad_norm = _grad_norm_plain(engine)
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            engine.zero_grad()  # discard; the optimizer and the schedule never see this batch
+            engine.skipped_steps += 1
+            engine.global_steps += 1  # as DeepSpeed counts its own skipped (overflow) steps
+        else:
+            engine.step()
+    else:
+        before = engine.skipped_steps
+        engine.step()
+        skipped = engine.skipped_steps > before
+        norm = engine.get_global_grad_norm()
+        grad_norm = float(norm) if norm is not None else float("nan")
+    if nonfinite_loss and not skipped:  # cannot happen unless a DeepSpeed wrapper stops checking
+        raise RuntimeError("a non-finite loss produced an applied update; DeepSpeed did not skip it")
+    if skipped and math.isfinite(grad_norm):
+        grad_norm = float("nan")
+    return {
+        "loss": loss_sum,
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "skipped": float(skipped),
+        "n_micro_batches": float(n),
+        "step_time_s": time.perf_counter() - start,
+        **summed,
+    }

@@ -1,0 +1,90 @@
+"""Token tensors of agent-step rows, and the per-token quantities the RL update needs from models.
+
+A step row is (prompt_ids, response_ids): the exact ids the model saw and sampled. The model reads
+prompt + response; the logit at position p predicts token p + 1, so response token j of a row whose
+prompt has P tokens is scored at position P - 1 + j. The critic's value of a step (``step_gae``) is
+read at the last prompt token, position P - 1; per-token values (``gae``) at the same positions as
+the log-probs (the value of the state in which each response token is chosen).
+
+It does not decide what to train: losses live in ``components.algos``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class TokenBatch:
+    input_ids: Tensor  # (B, T) prompt + response, right-padded
+    attention_mask: Tensor  # (B, T)
+    response_ids: Tensor  # (B, L) right-padded with 0
+    response_mask: Tensor  # (B, L) float, 1 on real response tokens
+    response_pos: Tensor  # (B, L) position of the logit that scores response token j
+    value_pos: Tensor  # (B,) last prompt token
+
+    def to(self, device: torch.device | str) -> "TokenBatch":
+        return TokenBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def make_token_batch(
+    prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int
+) -> TokenBatch:
+    if len(prompt_ids) != len(response_ids) or not prompt_ids:
+        raise ValueError(f"need as many prompts as responses, got {len(prompt_ids)} and {len(response_ids)}")
+    for i, p in enumerate(prompt_ids):
+        if not len(p):
+            raise ValueError(f"row {i}: empty prompt_ids")
+    B = len(prompt_ids)
+    T = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
+    L = max(max(len(r) for r in response_ids), 1)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    resp = torch.zeros((B, L), dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.float32)
+    pos = torch.zeros((B, L), dtype=torch.long)
+    value_pos = torch.zeros(B, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        P, R = len(p), len(r)
+        input_ids[i, : P + R] = torch.tensor(list(p) + list(r), dtype=torch.long)
+        attention_mask[i, : P + R] = 1
+        if R:
+            resp[i, :R] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, :R] = 1.0
+        pos[i] = (P - 1 + torch.arange(L)).clamp(max=T - 1)
+        value_pos[i] = P - 1
+    return TokenBatch(input_ids, attention_mask, resp, mask, pos, value_pos)
+
+
+def _hidden_at(model: torch.nn.Module, batch: TokenBatch, positions: Tensor) -> Tensor:
+    """Final hidden states at ``positions`` (B, K) -> (B, K, H), without materialising (B, T, V) logits."""
+    out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    hidden = out.last_hidden_state  # (B, T, H)
+    return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))
+
+
+def response_logprobs(
+    model: torch.nn.Module, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """log pi(response token j | context) (B, L), and optionally the entropy of that distribution (B, L)."""
+    h = _hidden_at(model, batch, batch.response_pos)  # (B, L, H)
+    logits = model.get_output_embeddings()(h).float() / temperature  # (B, L, V)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.response_mask
+    entropy = None
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.response_mask
+    return logp, entropy
+
+
+def critic_values(critic: torch.nn.Module, batch: TokenBatch, *, per_step: bool) -> Tensor:
+    """Critic values: at the last prompt token (B,) if ``per_step``, else at the response positions (B, L)."""
+    out = critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    v = out.logits.squeeze(-1).float()  # (B, T)
+    if per_step:
+        return v.gather(1, batch.value_pos.unsqueeze(-1)).squeeze(-1)
+    return v.gather(1, batch.response_pos) * batch.response_mask

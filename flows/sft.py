@@ -1,0 +1,122 @@
+"""Stage `sft`: supervised warm start of models/base on the expert trajectories -> models/sft.
+
+Loss on assistant tokens only (prompts and tool outputs masked), run on a DeepSpeed engine (the engine
+the RL update reuses). Logs the loss curve, params and the final checkpoint to MLflow; writes
+metrics/sft.json and plots/sft_loss.csv for DVC.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Iterator
+
+import polars as pl
+import torch
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows import REPO
+from flows._stage import StageError, mlflow_run, read_params, stage_main
+from components.config import Params
+from components.envs import get_task
+from components.io import write_json, write_text
+from components.model.sft_data import collate, encode_conversation
+from components.model.tiny import is_complete_checkpoint, load_hf, save_hf
+from components.train.engine import build_engine
+from components.train.sft import run_sft
+
+BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
+
+
+def encode_examples(params: Params, tokenizer) -> tuple[list, int]:
+    spec = get_task(params.task)
+    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "train.parquet").to_dicts()
+    examples, dropped = [], 0
+    for row in rows:
+        if not row["expert"]:
+            continue
+        ex = encode_conversation(
+            tokenizer, spec.initial_messages(row) + json.loads(row["expert"]), spec.tools(), params.sft.max_len
+        )
+        if ex is None:
+            dropped += 1
+        else:
+            examples.append(ex)
+    if not examples:
+        raise StageError(f"sft: no expert trajectory fits sft.max_len={params.sft.max_len}")
+    return examples, dropped
+
+
+def batches(examples: list, params: Params, pad_id: int) -> Iterator[list[dict]]:
+    """Endless optimizer batches, each a list of collated micro-batches."""
+    rng = random.Random(params.seed)
+    s = params.sft
+    order: list[int] = []
+    while True:
+        if len(order) < s.batch_size:
+            order += rng.sample(range(len(examples)), len(examples))
+        picked, order = order[: s.batch_size], order[s.batch_size :]
+        yield [
+            collate([examples[i] for i in picked[j : j + s.micro_batch_size]], pad_id)
+            for j in range(0, s.batch_size, s.micro_batch_size)
+        ]
+
+
+@task(cache_policy=NO_CACHE)
+def train(params: Params) -> list[dict]:
+    import mlflow
+
+    torch.manual_seed(params.seed)
+    model, tokenizer = load_hf(BASE, dtype=torch.float32)
+    examples, dropped = encode_examples(params, tokenizer)
+    s = params.sft
+    print(f"sft: {len(examples)} expert conversations ({dropped} longer than sft.max_len dropped)")
+    engine = build_engine(
+        model,
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+        zero_stage=params.deepspeed.zero_stage,
+        dtype=params.deepspeed.dtype,
+        grad_clip=s.grad_clip,
+        micro_batch_size=s.micro_batch_size,
+        grad_accum_steps=s.batch_size // s.micro_batch_size,
+        warmup_steps=s.warmup_steps,
+        total_steps=s.steps,
+    )
+
+    def on_step(step: int, metrics: dict) -> None:
+        mlflow.log_metrics({f"sft/{k}": float(v) for k, v in metrics.items()}, step=step)
+
+    history = run_sft(engine, batches(examples, params, tokenizer.pad_token_id), steps=s.steps, on_step=on_step)
+    save_hf(engine.module, tokenizer, OUT, metadata={"stage": "sft", "steps": s.steps})
+    return history
+
+
+@flow(name="sft")
+def sft_flow(params: Params) -> dict:
+    with mlflow_run(params, "sft", ["deepspeed", "sft"]) as run:
+        import mlflow
+
+        history = train(params)
+        final = {"loss": history[-1]["loss"], "steps": len(history), "skipped_steps": sum(h.get("skipped", 0) for h in history)}
+        write_json(final, REPO / "metrics" / "sft.json")
+        write_text(
+            "step,loss\n" + "".join(f"{i},{h['loss']:.6f}\n" for i, h in enumerate(history)),
+            REPO / "plots" / "sft_loss.csv",
+        )
+        mlflow.log_artifacts(str(OUT), artifact_path="checkpoint")
+        mlflow.log_artifact(str(REPO / "plots" / "sft_loss.csv"), artifact_path="plots")
+    print(f"sft: final loss {final['loss']:.4f} after {final['steps']} steps -> {OUT}")
+    return final
+
+
+def main(params: str) -> None:
+    p = read_params(params)
+    if not is_complete_checkpoint(BASE):
+        raise StageError(f"sft: {BASE} is not a complete checkpoint (run the base_model stage first)")
+    sft_flow(p)
+
+
+if __name__ == "__main__":
+    stage_main(main)

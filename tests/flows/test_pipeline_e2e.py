@@ -1,0 +1,66 @@
+"""End to end: `dvc repro` of every stage on a tiny config, with real Prefect, vLLM, DeepSpeed, MLflow."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+import polars as pl
+import pytest
+import yaml
+
+from tests.flows.workspace import make_workspace, run
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory):
+    ws = make_workspace(tmp_path_factory.mktemp("e2e"))
+    first = run(["dvc", "repro"], ws, timeout=1500)
+    return ws, first
+
+
+def test_every_stage_produces_its_outputs(repro):
+    ws, _ = repro
+    for split in ("train", "val", "test"):
+        assert pl.read_parquet(ws / f"data/processed/calc/{split}.parquet").height > 0
+    for model in ("base", "sft"):
+        assert (ws / "models" / model / "steprl_complete.json").is_file()
+    ev = json.loads((ws / "metrics/eval_sft.json").read_text())
+    assert ev["n_episodes"] == 8
+    for key in ("accuracy", "mean_turns", "valid_tool_call_rate", "format_error_rate"):
+        assert 0 <= ev[key] <= (3 if key == "mean_turns" else 1), (key, ev[key])
+    assert ev["mean_turns"] >= 1
+    sft = json.loads((ws / "metrics/sft.json").read_text())
+    assert sft["steps"] == 4 and sft["loss"] > 0
+
+
+def test_mlflow_has_sft_and_evaluate_runs(repro):
+    ws, _ = repro
+    con = sqlite3.connect(ws / "mlflow/mlflow.db")
+    names = {r[0] for r in con.execute("select name from runs where status = 'FINISHED'")}
+    assert {"sft", "evaluate-sft"} <= names
+    (n_loss,) = con.execute("select count(*) from metrics where key = 'sft/loss'").fetchone()
+    assert n_loss == 4
+    (exp,) = con.execute("select name from experiments where experiment_id = "
+                         "(select experiment_id from runs where name = 'sft')").fetchone()
+    assert exp == "calc"
+
+
+def test_second_repro_reruns_nothing(repro):
+    ws, _ = repro
+    again = run(["dvc", "repro"], ws)
+    assert "Running stage" not in again.stdout, again.stdout
+    assert "didn't change" in again.stdout or "is cached" in again.stdout or "up to date" in again.stdout
+
+
+def test_sft_param_change_reruns_only_sft_and_after(repro):
+    ws, _ = repro
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params["sft"]["lr"] = 0.002
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = run(["dvc", "repro"], ws, timeout=1500).stdout
+    ran = set(re.findall(r"Running stage '([^']+)'", out))
+    assert ran == {"sft", "evaluate@sft"}, out

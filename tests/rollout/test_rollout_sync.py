@@ -1,0 +1,84 @@
+"""vLLM rollout engine: log-probs equal the trainer's, before and right after an in-place weight sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.model.tiny import build_tiny_model, save_hf
+from components.model.tokenizer import build_tokenizer
+from components.rollout import SamplingConfig, make_engine
+from components.train.policy import make_token_batch, response_logprobs
+
+pytestmark = pytest.mark.vllm
+
+TOL = 1e-3  # issue target for fp32: max |logp_vllm - logp_trainer| <= 1e-3
+
+
+def _noisy(model, scale: float, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    corpus = [f"<|im_start|>user\nadd {a} and {a * 7}<|im_end|>\n" for a in range(300)]
+    tok = build_tokenizer(corpus, vocab_size=400)
+    model = build_tiny_model(tok, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                             num_kv_heads=1, head_dim=32, max_position_embeddings=256, seed=0)
+    _noisy(model, 0.1, 0)
+    path = save_hf(model, tok, tmp_path_factory.mktemp("sync") / "m")
+    engine = make_engine("vllm", str(path), stop_token_ids=[tok.eos_token_id], max_model_len=256, seed=0)
+    yield tok, model.eval(), engine
+    engine.close()
+
+
+def _max_diff(tok, model, engine, seed: int) -> tuple[float, int]:
+    prompts = [tok.encode(f"add {a} and") for a in (3, 17, 42, 99, 123, 250)]
+    gens = engine.generate(prompts, SamplingConfig(max_tokens=24, temperature=1.0),
+                           seeds=[seed + i for i in range(len(prompts))])
+    responses = [g[0].token_ids for g in gens]
+    batch = make_token_batch(prompts, responses, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch)
+    diffs = [
+        (logp[i, : len(g[0].logprobs)] - torch.tensor(g[0].logprobs)).abs().max().item()
+        for i, g in enumerate(gens)
+    ]
+    return max(diffs), sum(len(r) for r in responses)
+
+
+def test_logprobs_match_trainer_before_and_after_sync(setup):
+    tok, model, engine = setup
+    before, n = _max_diff(tok, model, engine, seed=1)
+    assert n > 20
+    assert before <= TOL, f"before sync: max |dlogp| = {before:.2e}"
+
+    _noisy(model, 0.05, 1)  # an "update": the engine still holds the old weights
+    stale, _ = _max_diff(tok, model, engine, seed=2)
+    assert stale > 10 * TOL, "the test cannot tell stale weights from synced ones"
+
+    engine.sync_weights(model.state_dict())
+    after, _ = _max_diff(tok, model, engine, seed=2)
+    print(f"max |logp_vllm - logp_trainer|: before sync {before:.2e}, stale {stale:.2e}, after sync {after:.2e}")
+    assert after <= TOL, f"after sync: max |dlogp| = {after:.2e}"
+
+
+def test_seeded_sampling_is_reproducible(setup):
+    tok, _, engine = setup
+    prompts = [tok.encode("add 5 and"), tok.encode("add 6 and")]
+    cfg = SamplingConfig(max_tokens=16, temperature=1.0)
+    a = engine.generate(prompts, cfg, seeds=[7, 8])
+    b = engine.generate(prompts[::-1], cfg, seeds=[8, 7])
+    assert a[0][0].token_ids == b[1][0].token_ids and a[1][0].token_ids == b[0][0].token_ids
+
+
+def test_n_samples_per_prompt(setup):
+    tok, _, engine = setup
+    out = engine.generate([tok.encode("add 1 and")], SamplingConfig(max_tokens=8, n=4), seeds=[3])
+    assert len(out) == 1 and len(out[0]) == 4
+    assert len({tuple(g.token_ids) for g in out[0]}) > 1
+    for g in out[0]:
+        assert len(g.token_ids) == len(g.logprobs) and g.finish_reason in ("stop", "length")
