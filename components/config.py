@@ -75,10 +75,10 @@ class DeepSpeedParams(Section):
 
 class SFTParams(Section):
     # Optimizer steps (each of batch_size sequences).
-    steps: int = Field(300, ge=1)
+    steps: int = Field(800, ge=1)
     batch_size: int = Field(16, ge=1)
     micro_batch_size: int = Field(16, ge=1)
-    lr: float = Field(3e-3, gt=0, le=1)
+    lr: float = Field(5e-3, gt=0, le=1)
     warmup_steps: int = Field(20, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
@@ -87,6 +87,8 @@ class SFTParams(Section):
 
     @model_validator(mode="after")
     def _micro_divides(self) -> "SFTParams":
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} > steps={self.steps}")
         if self.batch_size % self.micro_batch_size:
             raise ValueError(
                 f"batch_size={self.batch_size} is not a multiple of micro_batch_size={self.micro_batch_size}"
@@ -116,6 +118,75 @@ class EvaluateParams(Section):
     max_samples: int | None = Field(None, ge=1)
 
 
+class AlgoParams(Section):
+    """One RL algorithm: a preset (grpo, ppo, steppo) and any part of it overridden."""
+
+    # Preset that fills every part left null below: grpo, ppo or steppo.
+    preset: Literal["grpo", "ppo", "steppo"]
+    # Advantage estimator (components/algos registry); null = the preset's.
+    estimator: str | None = None
+    # Policy loss: ppo, gspo or reinforce; null = the preset's.
+    policy_loss: str | None = None
+    # Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm.
+    loss_agg: str | None = None
+    # Trajectories sampled per prompt (GRPO-family estimators need >= 2).
+    samples_per_prompt: int = Field(4, ge=1, le=64)
+    # Policy ratio clip range (the gspo loss wants much smaller values, about 3e-4 / 4e-4).
+    clip_low: float = Field(0.2, gt=0)
+    clip_high: float = Field(0.2, gt=0)
+    # Dual-clip constant for negative advantages (ppo loss).
+    clip_ratio_c: float = Field(3.0, gt=1)
+    # Actor learning rate.
+    lr: float = Field(1e-4, gt=0, le=1)
+
+
+class TrainParams(Section):
+    # RL iterations (rollout -> score -> advantage -> update -> sync).
+    iterations: int = Field(20, ge=1)
+    # Prompts drawn from the train split per iteration.
+    prompts_per_iteration: int = Field(16, ge=1)
+    # Sampling temperature of training rollouts.
+    temperature: float = Field(1.0, gt=0)
+    # Passes over each iteration's batch, and step rows per optimizer step / per forward pass.
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batch_size: int = Field(64, ge=1)
+    micro_batch_size: int = Field(16, ge=1)
+    # Discount and GAE lambda (the critic-based estimators).
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    # KL to the frozen SFT reference: coefficient (0 = off), estimator (kl, mse, low_var_kl), and
+    # whether it is a loss term (false) or a per-token reward penalty (true).
+    kl_coef: float = Field(0.0, ge=0)
+    kl_kind: Literal["kl", "mse", "low_var_kl"] = "low_var_kl"
+    kl_in_reward: bool = False
+    # Entropy bonus coefficient.
+    entropy_coef: float = Field(0.0, ge=0)
+    # Critic learning rate, value clip range and warm-up iterations with the actor frozen.
+    critic_lr: float = Field(1e-3, gt=0, le=1)
+    value_clip: float = Field(0.5, gt=0)
+    critic_warmup: int = Field(0, ge=0)
+    # Gradient-norm clip for actor and critic.
+    grad_clip: float = Field(1.0, gt=0)
+    # Reward added to a step whose tool call or answer is malformed (0 = none; e.g. -0.1).
+    malformed_penalty: float = Field(0.0, le=0)
+    # Greedy validation on this many val rows every `val_every` iterations (and after the last).
+    val_every: int = Field(5, ge=1)
+    val_samples: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _micro_divides(self) -> "TrainParams":
+        if self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"mini_batch_size={self.mini_batch_size} is not a multiple of micro_batch_size={self.micro_batch_size}"
+            )
+        return self
+
+
+class CompareParams(Section):
+    # Algorithms trained by `dvc repro` (keys of `algorithms`), compared in reports/compare.md.
+    algorithms: list[str] = ["grpo", "ppo", "steppo"]
+
+
 class MLflowParams(Section):
     # Tracking URI; None = sqlite store mlflow/mlflow.db with artifacts under mlflow/artifacts.
     tracking_uri: str | None = None
@@ -134,7 +205,24 @@ class Params(Section):
     sft: SFTParams = SFTParams()
     rollout: RolloutParams = RolloutParams()
     evaluate: EvaluateParams = EvaluateParams()
+    train: TrainParams = TrainParams()
+    algorithms: dict[str, AlgoParams] = {
+        "grpo": AlgoParams(preset="grpo"),
+        "ppo": AlgoParams(preset="ppo", samples_per_prompt=1),
+        "steppo": AlgoParams(preset="steppo", samples_per_prompt=1, clip_low=3e-4, clip_high=4e-4),
+    }
+    compare: CompareParams = CompareParams()
     mlflow: MLflowParams = MLflowParams()
+
+    @model_validator(mode="after")
+    def _algorithms_known(self) -> "Params":
+        for name in self.compare.algorithms:
+            if name not in self.algorithms:
+                raise ValueError(
+                    f"compare.algorithms names {name!r}, which is not a key of algorithms "
+                    f"(known: {sorted(self.algorithms)})"
+                )
+        return self
 
 
 def _format(err: ValidationError, source: str) -> str:

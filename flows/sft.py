@@ -21,8 +21,10 @@ from flows._stage import StageError, mlflow_run, read_params, stage_main
 from components.config import Params
 from components.envs import get_task
 from components.io import write_json, write_text
+from components.plots import line_chart
 from components.model.sft_data import collate, encode_conversation
-from components.model.tiny import is_complete_checkpoint, load_hf, save_hf
+from components.model.tiny import is_complete_checkpoint, load_hf
+from components.train.checkpoint import save_checkpoint
 from components.train.engine import build_engine
 from components.train.sft import run_sft
 
@@ -89,7 +91,7 @@ def train(params: Params) -> list[dict]:
         mlflow.log_metrics({f"sft/{k}": float(v) for k, v in metrics.items()}, step=step)
 
     history = run_sft(engine, batches(examples, params, tokenizer.pad_token_id), steps=s.steps, on_step=on_step)
-    save_hf(engine.module, tokenizer, OUT, metadata={"stage": "sft", "steps": s.steps})
+    save_checkpoint(engine, OUT, tokenizer=tokenizer, metadata={"stage": "sft", "steps": s.steps})
     return history
 
 
@@ -105,8 +107,12 @@ def sft_flow(params: Params) -> dict:
             "step,loss\n" + "".join(f"{i},{h['loss']:.6f}\n" for i, h in enumerate(history)),
             REPO / "plots" / "sft_loss.csv",
         )
+        png = line_chart(
+            {"sft loss": ([h["step"] for h in history], [h["loss"] for h in history])},
+            REPO / "plots" / "sft_loss.png", title="SFT loss (assistant tokens)", xlabel="step", ylabel="loss",
+        )
         mlflow.log_artifacts(str(OUT), artifact_path="checkpoint")
-        mlflow.log_artifact(str(REPO / "plots" / "sft_loss.csv"), artifact_path="plots")
+        mlflow.log_artifact(str(png), artifact_path="plots")
     print(f"sft: final loss {final['loss']:.4f} after {final['steps']} steps -> {OUT}")
     return final
 

@@ -19,6 +19,7 @@ Departures from a plain ``deepspeed.init_distributed()``:
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 from dataclasses import dataclass
@@ -70,8 +71,9 @@ def _fill_single_process_env() -> None:
 
 
 def _skip_shm_build_for_single_cpu_process() -> None:
-    import deepspeed.comm.torch as ds_torch_comm
-
+    # importlib, not "import deepspeed.comm.torch as m": deepspeed.comm has a `torch` attribute
+    # (the torch package itself) that the import-as form would return.
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
     if hasattr(ds_torch_comm, "build_shm_op"):
         ds_torch_comm.build_shm_op = lambda: None
 

@@ -2,8 +2,9 @@
 
 What it does:
 - ``make_ds_config``: the DeepSpeed config dict from flat arguments (AdamW with ``torch_adam`` so no
-  C++ op is compiled, a warmup + linear-decay or warmup + constant schedule, gradient clipping, ZeRO
-  stage, a ``bf16`` section for bf16). Pure; unit-testable without DeepSpeed.
+  C++ op is compiled, gradient clipping, ZeRO stage, a ``bf16`` section for bf16). Pure.
+- ``lr_factor``: the learning-rate multiplier of update k (linear warmup, then linear decay to 0 at
+  ``total_steps`` or constant). Pure; ``build_engine`` hands it to DeepSpeed as a torch ``LambdaLR``.
 - ``build_engine``: joins (or starts) the distributed world and wraps a model in a DeepSpeed engine.
   Any number of engines can live in one process (the RL trainer holds an actor and a critic).
 - ``train_step``: one optimizer step over a list of micro-batches with a caller-supplied
@@ -22,22 +23,26 @@ Departures from DeepSpeed defaults:
 2. DeepSpeed skips a non-finite update only inside its ZeRO/bf16 optimizers; plain fp32 ZeRO-0 would
    apply it. We check that path ourselves, and we turn a non-finite *loss* into non-finite gradients
    (``loss * nan``) so every rank and every optimizer wrapper takes the same skip decision.
-3. DeepSpeed's warmup schedulers need at least 2 warmup steps; ``warmup_steps=0`` is expressed as a
-   warmup that starts and ends at ``lr``. As in DeepSpeed (and transformers), the first warmup step
-   runs at lr 0 when ``warmup_steps > 0``.
+3. The schedule is a torch ``LambdaLR`` (``lr_factor``), not DeepSpeed's WarmupLR/WarmupDecayLR:
+   in DeepSpeed 0.19 those run the first two updates at lr 0, force at least 2 warmup steps, and with
+   no warmup (min lr = max lr) never decay. Update k (0-based) runs at lr * (k + 1) / W during a
+   warmup of W updates (no update at lr 0), then lr * (T - k) / (T - W) (``linear_decay``, T =
+   ``total_steps``) or lr (``constant``). DeepSpeed still steps it after each applied update and
+   saves it in engine checkpoints.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import torch
 
 from components.train.distributed import init_distributed
 
-__all__ = ["LossFn", "make_ds_config", "build_engine", "train_step"]
+__all__ = ["LossFn", "make_ds_config", "lr_factor", "build_engine", "train_step"]
 
 # loss_fn(engine, micro_batch) -> (scalar loss already divided by the global normaliser, metrics)
 LossFn = Callable[[Any, Any], "tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]"]
@@ -73,8 +78,8 @@ def make_ds_config(
 ) -> dict[str, Any]:
     """The DeepSpeed config dict for these settings (pure; raises ValueError naming a bad argument).
 
-    ``lr_schedule``: ``linear_decay`` = linear warmup to ``lr`` over ``warmup_steps`` then linear
-    decay to 0 at ``total_steps`` (WarmupDecayLR); ``constant`` = linear warmup then ``lr`` (WarmupLR).
+    ``warmup_steps``/``total_steps``/``lr_schedule`` are validated here (one place for every bad
+    argument) but the schedule itself is :func:`lr_factor`, not a config section.
     """
     _check_number("lr", lr, low=0.0, strict=True)
     _check_number("weight_decay", weight_decay, low=0.0, strict=False)
@@ -96,18 +101,6 @@ def make_ds_config(
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"betas={betas!r} must be two numbers in [0, 1)")
 
-    warmup = {
-        # warmup_steps=0: DeepSpeed needs a positive warmup; one that starts at lr is no warmup.
-        "warmup_min_lr": 0.0 if warmup_steps > 0 else lr,
-        "warmup_max_lr": lr,
-        "warmup_num_steps": max(1, warmup_steps),
-        "warmup_type": "linear",
-    }
-    if lr_schedule == "linear_decay":
-        scheduler = {"type": "WarmupDecayLR", "params": {"total_num_steps": total_steps, **warmup}}
-    else:
-        scheduler = {"type": "WarmupLR", "params": warmup}
-
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": grad_accum_steps,
@@ -122,7 +115,6 @@ def make_ds_config(
                 "torch_adam": True,
             },
         },
-        "scheduler": scheduler,
         "gradient_clipping": grad_clip,
         "zero_optimization": {"stage": zero_stage},
         "steps_per_print": 2**31 - 1,  # we log; silence DeepSpeed's own progress lines
@@ -134,6 +126,23 @@ def make_ds_config(
         # save_checkpoint/HF export gather the full weights themselves (components.train.checkpoint).
         config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
     return config
+
+
+def lr_factor(
+    step: int, *, warmup_steps: int, total_steps: int, lr_schedule: Literal["linear_decay", "constant"]
+) -> float:
+    """Multiplier of the base lr for update ``step`` (0-based).
+
+    Warmup: (step + 1) / warmup_steps for step < warmup_steps. Then ``linear_decay``:
+    (total_steps - step) / (total_steps - warmup_steps), 0 from ``total_steps`` on; ``constant``: 1.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if lr_schedule == "constant":
+        return 1.0
+    if lr_schedule != "linear_decay":
+        raise ValueError(f"lr_schedule={lr_schedule!r} must be one of {list(_SCHEDULES)}")
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -184,8 +193,12 @@ def build_engine(
     )
     import deepspeed
 
+    factor = partial(lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, lr_schedule=lr_schedule)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, config=config, model_parameters=_param_groups(model, weight_decay)
+        model=model,
+        config=config,
+        model_parameters=_param_groups(model, weight_decay),
+        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor),
     )
     return engine
 

@@ -1,0 +1,273 @@
+"""Crash-safe checkpoints of a DeepSpeed engine: HF-format model (+ tokenizer), optionally engine state.
+
+Layout of a checkpoint directory::
+
+    <dir>/config.json, model.safetensors, generation_config.json, tokenizer files   (HF format)
+    <dir>/ds/...                      DeepSpeed state (optimizer, scheduler, counters), optional
+    <dir>/steprl_complete.json        completion marker, written last
+
+What it does:
+- ``save_checkpoint``: every rank takes part (ZeRO-3 weights are gathered, DeepSpeed writes each rank's
+  shard); rank 0 writes into a hidden temporary sibling ``.<name>.tmp-<tag>``, fsyncs, writes the
+  marker (file names and sizes) last, then renames it into place. An existing checkpoint at the
+  target is replaced only after the new one is complete (rename aside, rename in, delete old); an
+  exception mid-write deletes the temporary directory and leaves the old checkpoint untouched.
+- ``is_complete`` / ``check_complete``: whether a directory has a marker whose files are all there
+  with the recorded sizes; ``check_complete`` raises :class:`CheckpointError` naming the directory.
+- ``load_model``: the HF model (+ tokenizer when saved) from a complete checkpoint.
+- ``load_engine_state``: restore weights, optimizer, scheduler and step counters into an engine
+  built with the same settings, for an exact resume.
+
+The marker has the same name and format as the one ``components.model.tiny.save_hf`` writes
+(``{"format": "steprl-hf-checkpoint/1", "files": {path: bytes}, "metadata": {...}}``), so either
+module's loader accepts the other's checkpoints.
+
+What it does not do: keep several checkpoints / rotate them, or write anywhere but a filesystem that
+all ranks share (multi-node training needs a shared directory). The HF weights are the engine
+module's weights in the engine dtype (bf16 engines save bf16 weights; the fp32 master copy lives in
+``ds/``). For a moment during replacement no directory exists at the target (never a partial one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MARKER_FILE",
+    "MARKER_FORMAT",
+    "DS_SUBDIR",
+    "CheckpointError",
+    "save_checkpoint",
+    "is_complete",
+    "check_complete",
+    "read_metadata",
+    "load_model",
+    "load_engine_state",
+]
+
+MARKER_FILE = "steprl_complete.json"
+MARKER_FORMAT = "steprl-hf-checkpoint/1"  # shared with components.model.tiny
+DS_SUBDIR = "ds"
+_DS_TAG = "state"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or used; the message names the directory and the reason."""
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if _rank_world()[1] > 1:
+        torch.distributed.barrier()
+
+
+def _broadcast_str(value: str) -> str:
+    if _rank_world()[1] == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _file_sizes(root: Path) -> dict[str, int]:
+    """fsync every file under ``root``; return {relative posix path: size in bytes}."""
+    sizes = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        _fsync_file(path)
+        sizes[path.relative_to(root).as_posix()] = path.stat().st_size
+    for sub in sorted(p for p in root.rglob("*") if p.is_dir()):
+        _fsync_dir(sub)
+    return sizes
+
+
+def _check_target(out: Path) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise CheckpointError(f"cannot save checkpoint to {out}: it exists and is not a directory")
+        looks_like_checkpoint = (out / MARKER_FILE).exists() or (out / "config.json").exists()
+        if any(out.iterdir()) and not looks_like_checkpoint:
+            raise CheckpointError(f"refusing to replace {out}: it is a non-empty directory that is not a checkpoint")
+
+
+def _gathered(engine: Any) -> contextlib.AbstractContextManager:
+    """Context in which ``engine.module`` holds full weights (ZeRO-3 gathers them on every rank)."""
+    if engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def save_checkpoint(
+    engine: Any,
+    out_dir: str | os.PathLike,
+    *,
+    tokenizer: Any | None = None,
+    save_engine_state: bool = False,
+    metadata: dict[str, Any] | None = None,
+    client_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``engine``'s model (+ ``tokenizer``, + DeepSpeed state) to ``out_dir`` atomically.
+
+    Call on every rank. ``metadata`` (JSON-serialisable) is stored in the marker, e.g.
+    ``{"step": 40}``; ``client_state`` is stored with the DeepSpeed state and returned by
+    :func:`load_engine_state`. Returns ``out_dir`` as an absolute Path.
+    """
+    module = engine.module
+    if not hasattr(module, "save_pretrained"):
+        raise CheckpointError(
+            f"cannot save {type(module).__name__} to {out_dir}: it is not a transformers model (no save_pretrained)"
+        )
+    if client_state is not None and not save_engine_state:
+        raise CheckpointError(f"client_state given for {out_dir} but save_engine_state=False would drop it")
+    out = Path(out_dir).absolute()
+    _check_target(out)  # every rank sees the same filesystem: all raise, or none does
+    try:
+        meta = json.loads(json.dumps(metadata or {}))
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"metadata for {out} is not JSON-serialisable: {err}") from None
+    rank, _ = _rank_world()
+    tag = _broadcast_str(f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = out.parent / f".{out.name}.tmp-{tag}"
+    old = out.parent / f".{out.name}.old-{tag}"
+    try:
+        if rank == 0:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+        with _gathered(engine):
+            if rank == 0:
+                module.save_pretrained(tmp)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp)
+        _barrier()
+        if save_engine_state:
+            engine.save_checkpoint(str(tmp / DS_SUBDIR), tag=_DS_TAG, client_state=client_state or {})
+        _barrier()
+        if rank == 0:
+            marker = {"format": MARKER_FORMAT, "files": _file_sizes(tmp), "metadata": meta}
+            with open(tmp / MARKER_FILE, "w") as fh:
+                json.dump(marker, fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            _fsync_dir(tmp)
+            if out.exists():
+                os.rename(out, old)
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                if old.exists() and not out.exists():
+                    os.rename(old, out)
+                raise
+            _fsync_dir(out.parent)
+            shutil.rmtree(old, ignore_errors=True)
+        _barrier()
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _incomplete_reason(path: Path) -> str | None:
+    """Why ``path`` is not a complete checkpoint, or None if it is."""
+    if not path.is_dir():
+        return "it does not exist" if not path.exists() else "it is not a directory"
+    marker_path = path / MARKER_FILE
+    if not marker_path.is_file():
+        return f"it has no {MARKER_FILE} (the write was interrupted, or it is not a steprl checkpoint)"
+    try:
+        marker = json.loads(marker_path.read_text())
+        files = marker["files"]
+        if marker.get("format") != MARKER_FORMAT or not isinstance(files, dict):
+            raise ValueError(f"unknown format {marker.get('format')!r}")
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"its {MARKER_FILE} is unreadable ({err})"
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"file {name} listed in {MARKER_FILE} is missing"
+        if f.stat().st_size != size:
+            return f"file {name} has {f.stat().st_size} bytes, {MARKER_FILE} says {size}"
+    return None
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a checkpoint written to the end (marker present, every file intact)."""
+    return _incomplete_reason(Path(path).absolute()) is None
+
+
+def check_complete(path: str | os.PathLike) -> Path:
+    """``path`` as an absolute Path if complete; else :class:`CheckpointError` naming it and why."""
+    p = Path(path).absolute()
+    reason = _incomplete_reason(p)
+    if reason is not None:
+        raise CheckpointError(f"checkpoint {p} is not usable: {reason}")
+    return p
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``metadata`` stored in a complete checkpoint's marker."""
+    p = check_complete(path)
+    return dict(json.loads((p / MARKER_FILE).read_text()).get("metadata", {}))
+
+
+def load_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> tuple[Any, Any | None]:
+    """``(model, tokenizer or None)`` from a complete checkpoint; the tokenizer is None if none was saved."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = check_complete(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype)
+    except Exception as err:  # noqa: BLE001 - re-raised naming the directory
+        raise CheckpointError(f"checkpoint {p}: model failed to load ({err})") from err
+    if not (p / "tokenizer_config.json").is_file():
+        return model, None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(p)
+    except Exception as err:  # noqa: BLE001
+        raise CheckpointError(f"checkpoint {p}: tokenizer failed to load ({err})") from err
+    return model, tokenizer
+
+
+def load_engine_state(engine: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """Restore weights, optimizer, LR schedule and counters saved with ``save_engine_state=True``.
+
+    ``engine`` must be built with the same model shape, ZeRO stage and world size. Call on every rank.
+    Returns the ``client_state`` given at save time.
+    """
+    p = check_complete(path)
+    ds_dir = p / DS_SUBDIR
+    if not (ds_dir / _DS_TAG).is_dir():
+        raise CheckpointError(f"checkpoint {p} has no engine state ({DS_SUBDIR}/): it was saved with save_engine_state=False")
+    load_path, client_state = engine.load_checkpoint(
+        str(ds_dir), tag=_DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    if load_path is None:
+        raise CheckpointError(f"checkpoint {p}: DeepSpeed could not load the engine state from {ds_dir}")
+    return dict(client_state or {})

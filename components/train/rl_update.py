@@ -1,0 +1,175 @@
+"""The RL update: PPO-style epochs over an iteration's step rows, for the actor and the critic.
+
+Rows are agent steps (exact prompt/response ids) with what the advantage stage computed: per-token
+advantages, old log-probs (recomputed by the trainer before the update), reference log-probs (when a
+KL loss is on), returns and old critic values. Mini-batches are split into micro-batches; every
+micro-batch loss is normalised by the counts of its WHOLE mini-batch (``loss_normalisers``), so the
+micro-batch size never changes the update. Non-finite losses or gradients skip that update
+(``train_step``) and are counted.
+
+Losses, estimators and aggregation come from ``components.algos`` by name; this module never
+branches on an algorithm's name.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from components.algos import aggregate_loss, get_policy_loss, loss_normalisers
+from components.algos.kl import kl_penalty
+from components.algos.losses import value_loss
+from components.train.engine import train_step
+from components.train.policy import TokenBatch, critic_values, make_token_batch, response_logprobs
+
+
+@dataclass
+class StepTensors:
+    batch: TokenBatch
+    advantages: Tensor  # (B, L)
+    old_logp: Tensor  # (B, L)
+    ref_logp: Tensor | None  # (B, L)
+    returns: Tensor  # (B, L) per token, or (B,) per step
+    old_values: Tensor | None  # same shape as returns
+
+
+def _pad(seqs: Sequence[Sequence[float]], L: int) -> Tensor:
+    out = torch.zeros(len(seqs), L)
+    for i, s in enumerate(seqs):
+        if len(s):
+            out[i, : len(s)] = torch.tensor(list(s), dtype=torch.float32)
+    return out
+
+
+def step_tensors(rows: Sequence[dict[str, Any]], pad_id: int, per_step_values: bool) -> StepTensors:
+    """Tensors of ``rows`` (dicts with prompt_ids, response_ids, advantages, old_logprobs, returns,
+    and optionally ref_logprobs, values)."""
+    batch = make_token_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id)
+    L = batch.response_ids.size(1)
+    has_ref = rows[0].get("ref_logprobs") is not None
+    has_values = rows[0].get("values") is not None
+    if per_step_values:
+        returns = torch.tensor([float(r["returns"][0]) if len(r["returns"]) else 0.0 for r in rows])
+        old_values = torch.tensor([float(r["values"][0]) for r in rows]) if has_values else None
+    else:
+        returns = _pad([r["returns"] for r in rows], L)
+        old_values = _pad([r["values"] for r in rows], L) if has_values else None
+    return StepTensors(
+        batch=batch,
+        advantages=_pad([r["advantages"] for r in rows], L),
+        old_logp=_pad([r["old_logprobs"] for r in rows], L),
+        ref_logp=_pad([r["ref_logprobs"] for r in rows], L) if has_ref else None,
+        returns=returns,
+        old_values=old_values,
+    )
+
+
+def _mini_batches(n: int, size: int, micro: int, epochs: int, seed: int) -> list[list[list[int]]]:
+    """Row indices: one list per optimizer step, holding micro-batches of at most ``micro`` rows."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(epochs):
+        order = list(range(n))
+        rng.shuffle(order)
+        for s in range(0, n, size):
+            mb = order[s : s + size]
+            steps.append([mb[j : j + micro] for j in range(0, len(mb), micro)])
+    return steps
+
+
+def _mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for h in history for k in h}
+    return {k: sum(h.get(k, 0.0) for h in history) / len(history) for k in sorted(keys)}
+
+
+def actor_update(
+    engine: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    pad_id: int,
+    policy_loss: str,
+    loss_agg: str,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float,
+    kl_coef: float,
+    kl_kind: str,
+    entropy_coef: float,
+    epochs: int,
+    mini_batch_size: int,
+    micro_batch_size: int,
+    norm_const: float,
+    seed: int,
+) -> dict[str, float]:
+    """PPO epochs of the actor over ``rows``; returns metrics averaged over optimizer steps."""
+    loss_fn_pg = get_policy_loss(policy_loss)
+    history = []
+    for plan in _mini_batches(len(rows), mini_batch_size, micro_batch_size, epochs, seed):
+        micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=False) for idx in plan]
+        norms = loss_normalisers(response_masks=[m.batch.response_mask for m in micro], norm_const=norm_const)
+        tokens = max(norms["global_tokens"], 1.0)
+
+        def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
+            mask = m.batch.response_mask
+            logp, entropy = response_logprobs(eng.module, m.batch, with_entropy=True)
+            pg, pg_metrics = loss_fn_pg(
+                logp=logp, old_logp=m.old_logp, advantages=m.advantages, response_mask=mask,
+                clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c,
+            )
+            pg_loss = aggregate_loss(loss=pg, response_mask=mask, mode=loss_agg, **norms)
+            loss = pg_loss
+            share = mask.sum() / tokens  # this micro-batch's share of the mini-batch's tokens
+            metrics = {"pg_loss": pg_loss.detach()}
+            metrics.update({f"pg_{k}": v * share for k, v in pg_metrics.items()})
+            metrics["entropy"] = (entropy.detach() * mask).sum() / tokens
+            if entropy_coef > 0:
+                loss = loss - entropy_coef * aggregate_loss(loss=entropy, response_mask=mask, mode=loss_agg, **norms)
+            if kl_coef > 0 and m.ref_logp is not None:
+                kl = kl_penalty(logp=logp, ref_logp=m.ref_logp, response_mask=mask, kind=kl_kind)
+                kl_loss = aggregate_loss(loss=kl, response_mask=mask, mode="token-mean", **norms)
+                loss = loss + kl_coef * kl_loss
+                metrics["kl_loss"] = kl_loss.detach()
+            return loss, metrics
+
+        history.append(train_step(engine, micro, loss_fn))
+    return _mean_metrics(history)
+
+
+def critic_update(
+    engine: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    pad_id: int,
+    per_step: bool,
+    value_clip: float,
+    epochs: int,
+    mini_batch_size: int,
+    micro_batch_size: int,
+    seed: int,
+) -> dict[str, float]:
+    """Clipped value regression of the critic on the stored returns (one value per step if ``per_step``)."""
+    history = []
+    for plan in _mini_batches(len(rows), mini_batch_size, micro_batch_size, epochs, seed + 1):
+        micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=per_step) for idx in plan]
+        if per_step:
+            count = float(sum(m.returns.numel() for m in micro))
+        else:
+            count = float(sum(m.batch.response_mask.sum() for m in micro))
+        count = max(count, 1.0)
+
+        def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
+            v = critic_values(eng.module, m.batch, per_step=per_step)
+            mask = torch.ones_like(v) if per_step else m.batch.response_mask
+            old = m.old_values if m.old_values is not None else v.detach()
+            per_item, extra = value_loss(values=v, old_values=old, returns=m.returns, value_mask=mask,
+                                         clip_value=value_clip)
+            loss = (per_item * mask).sum() / count
+            share = mask.sum() / count
+            return loss, {"vf_loss": loss.detach(), **{k: t * share for k, t in extra.items()}}
+
+        history.append(train_step(engine, micro, loss_fn))
+    return _mean_metrics(history)

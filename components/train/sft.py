@@ -1,0 +1,168 @@
+"""Supervised fine-tuning: token-mean next-token cross-entropy over a whole optimizer batch.
+
+What it does:
+- ``split_micro_batches``: cut a collated batch (``input_ids``/``labels``/``attention_mask``, (B, T))
+  into micro-batches of at most ``micro_batch_size`` rows.
+- ``token_nll_sum``: summed next-token negative log-likelihood over the labelled positions
+  (``labels != -100``, shifted by one) and their count.
+- ``sft_loss_fn``: a ``train_step`` loss function whose micro-batch loss is that sum divided by the
+  number of labelled tokens in the WHOLE optimizer batch (all micro-batches, all ranks), so the
+  update is the same however the batch is cut into micro-batches.
+- ``run_sft``: ``steps`` optimizer steps with a tqdm bar showing the loss; each step's metrics
+  (loss, grad_norm, lr, tokens/s, ...) go to ``on_step(step, metrics)`` and are returned.
+
+What it does not do: tokenise, collate or pad (``components.model.sft_data``), save checkpoints
+(``components.train.checkpoint``), or log to MLflow (the flow does, from ``on_step``).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from components.train.engine import train_step
+
+__all__ = [
+    "IGNORE_INDEX",
+    "split_micro_batches",
+    "token_nll_sum",
+    "count_label_tokens",
+    "sft_loss_fn",
+    "run_sft",
+]
+
+IGNORE_INDEX = -100
+_KEYS = ("input_ids", "labels", "attention_mask")
+
+Batch = Mapping[str, torch.Tensor]
+
+
+def _check_batch(batch: Batch, where: str) -> None:
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"{where}: expected a dict with {list(_KEYS)}, got {type(batch).__name__}")
+    missing = [k for k in _KEYS if k not in batch]
+    if missing:
+        raise KeyError(f"{where}: missing keys {missing} (has {sorted(batch)})")
+    shape = tuple(batch["input_ids"].shape)
+    if len(shape) != 2:
+        raise ValueError(f"{where}: input_ids must be (B, T), got shape {shape}")
+    for k in ("labels", "attention_mask"):
+        if tuple(batch[k].shape) != shape:
+            raise ValueError(f"{where}: {k} has shape {tuple(batch[k].shape)}, input_ids has {shape}")
+
+
+def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Rows of ``batch`` (tensors (B, T)) in consecutive micro-batches of ``micro_batch_size`` rows."""
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size={micro_batch_size!r} must be a positive int")
+    _check_batch(batch, "batch")
+    n = batch["input_ids"].shape[0]
+    if n == 0:
+        raise ValueError("batch has no rows")
+    return [
+        {k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, n, micro_batch_size)
+    ]
+
+
+def count_label_tokens(labels: torch.Tensor) -> int:
+    """Number of positions that are predicted: labels[:, 1:] != -100. labels: (B, T)."""
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def token_nll_sum(*, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Summed next-token NLL over labelled positions, and their count.
+
+    logits: (B, T, V), position t predicts token t+1; labels: (B, T), IGNORE_INDEX where not trained.
+    Computed in fp32 whatever the model dtype.
+    """
+    if logits.ndim != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(f"logits (B, T, V) {tuple(logits.shape)} and labels (B, T) {tuple(labels.shape)} disagree")
+    shift_logits = logits[:, :-1, :].float()  # (B, T-1, V)
+    shift_labels = labels[:, 1:]  # (B, T-1)
+    nll_sum = torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.shape[-1]),
+        shift_labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+    return nll_sum, int((shift_labels != IGNORE_INDEX).sum())
+
+
+def sft_loss_fn(engine: Any, micro_batch: Batch, *, normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """``train_step`` loss: this micro-batch's summed NLL / ``normaliser`` (labelled tokens in the batch)."""
+    device = next(engine.module.parameters()).device
+    inputs = {k: micro_batch[k].to(device) for k in ("input_ids", "attention_mask")}
+    out = engine(**inputs)
+    nll_sum, n_labels = token_nll_sum(logits=out.logits, labels=micro_batch["labels"].to(device))
+    return nll_sum / normaliser, {
+        "n_label_tokens": float(n_labels),
+        "n_tokens": float(micro_batch["attention_mask"].sum()),
+    }
+
+
+def _global_label_count(micro_batches: Sequence[Batch]) -> int:
+    """Labelled tokens in the optimizer batch, summed over all ranks."""
+    local = sum(count_label_tokens(mb["labels"]) for mb in micro_batches)
+    world = 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size()
+    if world == 1:
+        return local
+    total = torch.tensor([local], dtype=torch.float64)
+    if torch.distributed.get_backend() == "nccl":
+        total = total.cuda()
+    torch.distributed.all_reduce(total)
+    return int(total.item())
+
+
+def run_sft(
+    engine: Any,
+    batches_iter: Iterable[Sequence[Batch]],
+    *,
+    steps: int,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    progress: bool = True,
+) -> list[dict[str, float]]:
+    """Train ``steps`` optimizer steps; each item of ``batches_iter`` is one optimizer batch given as a
+    list of micro-batches (dicts of (B, T) tensors ``input_ids``, ``labels``, ``attention_mask``).
+
+    Loss = summed NLL over labelled tokens / labelled tokens in the whole batch (all ranks; DeepSpeed
+    averages gradients over ranks, so each rank divides by total/world_size). A batch with no labelled
+    token raises. Returns one metrics dict per step (step numbers start at 1); skipped steps (non-finite
+    loss/gradient) are included with ``skipped=1``.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be a positive int")
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    history: list[dict[str, float]] = []
+    it = iter(batches_iter)
+    bar = tqdm(total=steps, desc="sft", disable=not (progress and is_main), dynamic_ncols=True)
+    try:
+        for step in range(1, steps + 1):
+            try:
+                micro_batches = list(next(it))
+            except StopIteration:
+                raise ValueError(f"batches_iter ran out after {step - 1} of steps={steps} batches") from None
+            for j, mb in enumerate(micro_batches):
+                _check_batch(mb, f"step {step} micro-batch {j}")
+            total = _global_label_count(micro_batches)
+            if total == 0:
+                raise ValueError(f"step {step}: the batch has no labelled tokens (all labels are {IGNORE_INDEX})")
+            start = time.perf_counter()
+            metrics = train_step(engine, micro_batches, partial(sft_loss_fn, normaliser=total / world))
+            elapsed = time.perf_counter() - start
+            metrics["tokens_per_s"] = metrics["n_tokens"] / max(elapsed, 1e-9)
+            metrics["step"] = float(step)
+            history.append(metrics)
+            if on_step is not None:
+                on_step(step, metrics)
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}", refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
+    return history

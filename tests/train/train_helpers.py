@@ -1,0 +1,116 @@
+"""Shared helpers for tests/train (imported as ``train_helpers``; not a conftest so the name is unique): a tiny Qwen3 model, a 128-token tokenizer, random SFT batches,
+and snapshots of an engine's full weights / optimizer state (ZeRO-3 gathered)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+VOCAB = 128
+
+ENGINE_KW: dict[str, Any] = dict(
+    lr=1e-2,
+    weight_decay=0.0,
+    zero_stage=0,
+    dtype="fp32",
+    grad_clip=1.0,
+    micro_batch_size=2,
+    grad_accum_steps=4,
+    warmup_steps=0,
+    total_steps=100,
+)
+
+
+def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(config)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with exactly VOCAB tokens: <pad> <bos> <eos> <unk> w4 ... w127."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3}
+    vocab.update({f"w{i}": i for i in range(4, VOCAB)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def random_batch(n: int, *, seed: int, max_len: int = 16) -> dict[str, torch.Tensor]:
+    """n right-padded rows of different lengths; labels -100 on a random prompt prefix and on padding,
+    so micro-batches hold very different numbers of labelled tokens."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.zeros(n, max_len, dtype=torch.long)
+    labels = torch.full((n, max_len), -100, dtype=torch.long)
+    attention_mask = torch.zeros(n, max_len, dtype=torch.long)
+    for i in range(n):
+        length = int(torch.randint(4, max_len + 1, (1,), generator=g))
+        prompt = int(torch.randint(1, length - 1, (1,), generator=g))
+        ids = torch.randint(4, VOCAB, (length,), generator=g)
+        input_ids[i, :length] = ids
+        attention_mask[i, :length] = 1
+        labels[i, prompt:length] = ids[prompt:]
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+def full_weights(engine: Any) -> dict[str, torch.Tensor]:
+    """Copies of the engine module's full parameters (gathered under ZeRO-3)."""
+    params = dict(engine.module.named_parameters())
+    if engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
+            return {k: p.detach().float().clone() for k, p in params.items()}
+    return {k: p.detach().float().clone() for k, p in params.items()}
+
+
+def optimizer_tensors(engine: Any) -> list[tuple[str, Any]]:
+    """Every tensor / number in the engine optimizer's state_dict, flattened with its path (deep copies),
+    except DeepSpeed's ``overflow`` flag."""
+    out: list[tuple[str, Any]] = []
+
+    def walk(path: str, obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            out.append((path, obj.detach().clone()))
+        elif isinstance(obj, dict):
+            for k in sorted(obj, key=str):
+                walk(f"{path}.{k}", obj[k])
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(f"{path}[{i}]", v)
+        elif isinstance(obj, (int, float, bool)) or obj is None:
+            out.append((path, copy.copy(obj)))
+
+    walk("opt", engine.optimizer.state_dict())
+    # ZeRO wrappers record whether the LAST step overflowed; that flag is a report, not optimizer state.
+    return [(k, v) for k, v in out if k != "opt.overflow"]
+
+
+def assert_same_tensors(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> None:
+    assert [k for k, _ in a] == [k for k, _ in b]
+    for (k, x), (_, y) in zip(a, b):
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), f"optimizer state {k} changed"
+        else:
+            assert x == y or (x != x and y != y), f"optimizer state {k} changed: {x} -> {y}"
