@@ -143,8 +143,9 @@ class AlgoParams(Section):
 class TrainParams(Section):
     # RL iterations (rollout -> score -> advantage -> update -> sync).
     iterations: int = Field(20, ge=1)
-    # Prompts drawn from the train split per iteration.
-    prompts_per_iteration: int = Field(16, ge=1)
+    # Trajectories sampled per iteration (prompts = this / samples_per_prompt, so every algorithm
+    # sees the same number of episodes).
+    trajectories_per_iteration: int = Field(64, ge=1)
     # Sampling temperature of training rollouts.
     temperature: float = Field(1.0, gt=0)
     # Passes over each iteration's batch, and step rows per optimizer step / per forward pass.

@@ -383,7 +383,9 @@ def run_experiment(
     else:
         with _head_clone(repo, rev, name) as run_dir:
             env["PYTHONPATH"] = str(run_dir)  # the clone's code, not an editable install's
-            code, log = _stream(dvc, run_dir, env, on_line)
+            # dvc's "applied to your workspace" means the clone's; the user's workspace is untouched
+            quiet = lambda line: None if "applied to your workspace" in line else on_line(line)  # noqa: E731
+            code, log = _stream(dvc, run_dir, env, quiet)
             if code == 0:
                 fetched = subprocess.run(
                     ["git", "fetch", "--quiet", "--no-tags", str(run_dir), f"{ref}:{ref}"],

@@ -60,8 +60,13 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def mlflow_run(params: Params, run_name: str, sections: list[str], tags: dict | None = None) -> Iterator[Any]:
-    """An MLflow run in the task's experiment, with the params of ``sections`` logged flat."""
+def mlflow_run(
+    params: Params, run_name: str, sections: list[str], tags: dict | None = None, run_id: str | None = None
+) -> Iterator[Any]:
+    """An MLflow run in the task's experiment, with the params of ``sections`` logged flat.
+
+    ``run_id`` resumes that run (a train stage restarted after a crash); its params are not relogged.
+    A section may be a dotted path (``algorithms.grpo``)."""
     import mlflow
 
     uri = tracking_uri(params)
@@ -77,9 +82,20 @@ def mlflow_run(params: Params, run_name: str, sections: list[str], tags: dict | 
     dumped = params.model_dump()
     flat = {"task": params.task, "seed": params.seed}
     for s in sections:
-        flat.update(flatten(dumped[s], f"{s}."))
-    with mlflow.start_run(run_name=run_name, tags={"steprl.stage": run_name, **(tags or {})}) as run:
-        mlflow.log_params({k: ("null" if v is None else v) for k, v in flat.items()})
+        node = dumped
+        for part in s.split("."):
+            node = node[part]
+        flat.update(flatten(node, f"{s}."))
+    if run_id is not None:
+        try:
+            if mlflow.get_run(run_id).info.lifecycle_stage == "deleted":
+                run_id = None
+        except Exception:  # noqa: BLE001 - the store no longer has it: start a new run
+            run_id = None
+    kwargs = {"run_id": run_id} if run_id else {"run_name": run_name}
+    with mlflow.start_run(**kwargs, tags={"steprl.stage": run_name, **(tags or {})}) as run:
+        if not run_id:
+            mlflow.log_params({k: ("null" if v is None else v) for k, v in flat.items()})
         print(f"MLflow: run '{run_name}' ({run.info.run_id}) in experiment '{name}' at {uri}", flush=True)
         yield run
         print(f"MLflow: open the UI with `make mlflow-ui` and look at experiment '{name}'", flush=True)

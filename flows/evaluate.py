@@ -26,7 +26,9 @@ from components.envs import get_task
 
 
 def model_dir(name: str):
-    return REPO / "models" / name
+    """models/<name> (sft), or models/<name>/final (an RL algorithm)."""
+    final = REPO / "models" / name / "final"
+    return final if final.is_dir() else REPO / "models" / name
 
 
 @task(cache_policy=NO_CACHE)

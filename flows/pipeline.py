@@ -180,7 +180,12 @@ def parent_mlflow_run(plan: dict[str, Any]) -> Iterator[str]:
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per call
             mlflow.log_params(dict(items[i : i + 100]))
         get_run_logger().info("MLflow: run %s in experiment %r at %s", run.info.run_id, name, plan["mlflow_uri"])
-        yield run.info.run_id
+        try:
+            yield run.info.run_id
+        except BaseException as err:  # the run ends FAILED; keep why next to it
+            with contextlib.suppress(Exception):
+                mlflow.log_text(f"{type(err).__name__}: {err}\n", "error.txt")
+            raise
 
 
 def stage_env(plan: dict[str, Any], run_id: str) -> dict[str, str]:

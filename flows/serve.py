@@ -124,7 +124,7 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def get_json(url: str, timeout: float = 2.0) -> tuple[int, object]:
+def get_json(url: str, timeout: float = 5.0) -> tuple[int, object]:
     """(HTTP status, parsed body) of a GET; status 0 when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -140,7 +140,7 @@ def get_json(url: str, timeout: float = 2.0) -> tuple[int, object]:
         return status, body.decode(errors="replace")
 
 
-def answers(url: str, timeout: float = 2.0) -> bool:
+def answers(url: str, timeout: float = 5.0) -> bool:
     return get_json(url, timeout)[0] == 200
 
 
@@ -156,11 +156,14 @@ class Service:
     argv: list[str]
     env: dict[str, str]
     ready_url: str | None = None  # GET answers 200 once the service is up
+    fresh: bool = False  # ready_url returns a record whose `updated` time must be after this start
     log: Path | None = None  # None: its output is echoed with a "[name] " prefix (and to echo_log)
     echo_log: Path | None = None
+    stop_signal: int = signal.SIGTERM  # first signal of a stop; SIGKILL follows after the grace period
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self, cwd: Path) -> None:
+        self.started_at = time.time()
         out = subprocess.PIPE if self.log is None else open(self.log, "w")
         try:
             self.proc = subprocess.Popen(
@@ -219,7 +222,7 @@ def stop_services(services: Sequence[Service], grace: float = 15.0, say: Callabl
         if s.proc is None:
             continue
         say(f"stopping {s.name} (pid {s.proc.pid})")
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((s.stop_signal, grace), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(s.proc.pid, sig)
             end = time.monotonic() + wait
@@ -227,7 +230,7 @@ def stop_services(services: Sequence[Service], grace: float = 15.0, say: Callabl
                 time.sleep(0.1)
             if not _group_alive(s.proc):
                 break
-            if sig == signal.SIGTERM:
+            if sig != signal.SIGKILL:
                 say(f"{s.name} did not stop within {grace:.0f} s: killing it")
     left = []
     for p in tree.values():
@@ -291,8 +294,10 @@ def service_specs(
         Service("prefect", [sys.executable, "-m", "prefect", "server", "start",
                             "--host", ep.host, "--port", str(ep.prefect_port)], base,
                 ready_url=ep.health["prefect"], log=repo / ".prefect" / "server.log"),
-        Service("deployment", deploy, deploy_env, ready_url=ep.deployment_api(),
-                echo_log=repo / ".prefect" / "deployment.log"),
+        # SIGINT: Prefect's runner shuts down cleanly on it (its SIGTERM path warns about an un-awaited stop)
+        # the deployment's record outlives `start`: ready once this runner has re-registered it
+        Service("deployment", deploy, deploy_env, ready_url=ep.deployment_api(), fresh=True,
+                echo_log=repo / ".prefect" / "deployment.log", stop_signal=signal.SIGINT),
     ]
 
 
@@ -360,7 +365,7 @@ def start(
                 if not s.running:
                     raise ServeError(f"{s.name} exited with code {s.proc.returncode} while starting"
                                      + (f"; last lines of {s.log}:\n{s.tail()}" if s.log else ""))
-                if answers(s.ready_url or "", timeout=2.0):
+                if is_ready(s):
                     print(f"{s.name} is up after {time.monotonic() - t0:.1f} s", flush=True)
                     pending.remove(s)
             if time.monotonic() - t0 > timeout:
@@ -401,6 +406,25 @@ def start(
         for s, handler in previous.items():
             signal.signal(s, handler)
         print("all steprl services stopped", flush=True)
+
+
+def is_ready(s: Service, timeout: float = 5.0) -> bool:
+    code, body = get_json(s.ready_url or "", timeout=timeout)
+    if code != 200:
+        return False
+    if not s.fresh:
+        return True
+    return isinstance(body, dict) and _epoch(body.get("updated")) >= getattr(s, "started_at", 0) - 1.0
+
+
+def _epoch(iso: object) -> float:
+    from datetime import datetime, timezone
+
+    try:
+        t = datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def banner(ep: Endpoints, seconds: float) -> str:

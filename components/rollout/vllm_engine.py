@@ -37,7 +37,6 @@ class VLLMEngine:
         self.stop_token_ids = list(stop_token_ids)
         self.llm = LLM(
             model=str(model_dir),
-            skip_tokenizer_init=True,
             dtype=dtype,
             max_model_len=max_model_len,
             enforce_eager=True,

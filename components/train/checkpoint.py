@@ -57,6 +57,7 @@ MARKER_FILE = "steprl_complete.json"
 MARKER_FORMAT = "steprl-hf-checkpoint/1"  # shared with components.model.tiny
 DS_SUBDIR = "ds"
 _DS_TAG = "state"
+_CLIENT_KEY = "steprl_client_state"  # DeepSpeed returns its own keys too; ours live under this one
 
 
 class CheckpointError(ValueError):
@@ -112,7 +113,9 @@ def _check_target(out: Path) -> None:
             raise CheckpointError(f"cannot save checkpoint to {out}: it exists and is not a directory")
         looks_like_checkpoint = (out / MARKER_FILE).exists() or (out / "config.json").exists()
         if any(out.iterdir()) and not looks_like_checkpoint:
-            raise CheckpointError(f"refusing to replace {out}: it is a non-empty directory that is not a checkpoint")
+            raise CheckpointError(
+                f"refusing to replace {out}: it is a non-empty directory that is not a checkpoint"
+            )
 
 
 def _gathered(engine: Any) -> contextlib.AbstractContextManager:
@@ -142,7 +145,8 @@ def save_checkpoint(
     module = engine.module
     if not hasattr(module, "save_pretrained"):
         raise CheckpointError(
-            f"cannot save {type(module).__name__} to {out_dir}: it is not a transformers model (no save_pretrained)"
+            f"cannot save {type(module).__name__} to {out_dir}: "
+            "it is not a transformers model (no save_pretrained)"
         )
     if client_state is not None and not save_engine_state:
         raise CheckpointError(f"client_state given for {out_dir} but save_engine_state=False would drop it")
@@ -167,7 +171,9 @@ def save_checkpoint(
                     tokenizer.save_pretrained(tmp)
         _barrier()
         if save_engine_state:
-            engine.save_checkpoint(str(tmp / DS_SUBDIR), tag=_DS_TAG, client_state=client_state or {})
+            engine.save_checkpoint(
+                str(tmp / DS_SUBDIR), tag=_DS_TAG, client_state={_CLIENT_KEY: dict(client_state or {})}
+            )
         _barrier()
         if rank == 0:
             marker = {"format": MARKER_FORMAT, "files": _file_sizes(tmp), "metadata": meta}
@@ -264,10 +270,12 @@ def load_engine_state(engine: Any, path: str | os.PathLike) -> dict[str, Any]:
     p = check_complete(path)
     ds_dir = p / DS_SUBDIR
     if not (ds_dir / _DS_TAG).is_dir():
-        raise CheckpointError(f"checkpoint {p} has no engine state ({DS_SUBDIR}/): it was saved with save_engine_state=False")
+        raise CheckpointError(
+            f"checkpoint {p} has no engine state ({DS_SUBDIR}/): it was saved with save_engine_state=False"
+        )
     load_path, client_state = engine.load_checkpoint(
         str(ds_dir), tag=_DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
     )
     if load_path is None:
         raise CheckpointError(f"checkpoint {p}: DeepSpeed could not load the engine state from {ds_dir}")
-    return dict(client_state or {})
+    return dict((client_state or {}).get(_CLIENT_KEY, {}))

@@ -29,6 +29,8 @@ Departures from DeepSpeed defaults:
    warmup of W updates (no update at lr 0), then lr * (T - k) / (T - W) (``linear_decay``, T =
    ``total_steps``) or lr (``constant``). DeepSpeed still steps it after each applied update and
    saves it in engine checkpoints.
+4. bf16 with ZeRO >= 1 accumulates gradients in fp32 (``data_types.grad_accum_dtype``); DeepSpeed cannot
+   do that with ZeRO-0, where bf16 gradients accumulate in bf16: prefer ZeRO >= 1 for bf16.
 """
 
 from __future__ import annotations
@@ -122,6 +124,10 @@ def make_ds_config(
     }
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
+        if zero_stage >= 1:
+            # Accumulate micro-batch gradients in fp32 (ZeRO >= 1 only; DeepSpeed's ZeRO-0 bf16 path
+            # supports bf16 accumulation alone).
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
     if zero_stage == 3:
         # save_checkpoint/HF export gather the full weights themselves (components.train.checkpoint).
         config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
@@ -252,7 +258,9 @@ def train_step(engine: Any, micro_batches: Sequence[Any], loss_fn: LossFn) -> di
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError(f"loss_fn must return a scalar tensor loss, got {type(loss).__name__}")
         if not loss.requires_grad:
-            raise ValueError("loss_fn returned a loss that does not require grad (was it computed under no_grad?)")
+            raise ValueError(
+                "loss_fn returned a loss that does not require grad (was it computed under no_grad?)"
+            )
         value = float(loss.detach())
         if not math.isfinite(value):
             nonfinite_loss = True

@@ -80,7 +80,9 @@ def token_nll_sum(*, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     Computed in fp32 whatever the model dtype.
     """
     if logits.ndim != 3 or labels.shape != logits.shape[:2]:
-        raise ValueError(f"logits (B, T, V) {tuple(logits.shape)} and labels (B, T) {tuple(labels.shape)} disagree")
+        raise ValueError(
+            f"logits (B, T, V) {tuple(logits.shape)} and labels (B, T) {tuple(labels.shape)} disagree"
+        )
     shift_logits = logits[:, :-1, :].float()  # (B, T-1, V)
     shift_labels = labels[:, 1:]  # (B, T-1)
     nll_sum = torch.nn.functional.cross_entropy(
@@ -92,7 +94,9 @@ def token_nll_sum(*, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     return nll_sum, int((shift_labels != IGNORE_INDEX).sum())
 
 
-def sft_loss_fn(engine: Any, micro_batch: Batch, *, normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
+def sft_loss_fn(
+    engine: Any, micro_batch: Batch, *, normaliser: float
+) -> tuple[torch.Tensor, dict[str, float]]:
     """``train_step`` loss: this micro-batch's summed NLL / ``normaliser`` (labelled tokens in the batch)."""
     device = next(engine.module.parameters()).device
     inputs = {k: micro_batch[k].to(device) for k in ("input_ids", "attention_mask")}
@@ -152,12 +156,13 @@ def run_sft(
                 _check_batch(mb, f"step {step} micro-batch {j}")
             total = _global_label_count(micro_batches)
             if total == 0:
-                raise ValueError(f"step {step}: the batch has no labelled tokens (all labels are {IGNORE_INDEX})")
+                raise ValueError(
+                    f"step {step}: the batch has no labelled tokens (all labels are {IGNORE_INDEX})"
+                )
             start = time.perf_counter()
             metrics = train_step(engine, micro_batches, partial(sft_loss_fn, normaliser=total / world))
             elapsed = time.perf_counter() - start
             metrics["tokens_per_s"] = metrics["n_tokens"] / max(elapsed, 1e-9)
-            metrics["step"] = float(step)
             history.append(metrics)
             if on_step is not None:
                 on_step(step, metrics)

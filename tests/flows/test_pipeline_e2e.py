@@ -26,8 +26,22 @@ def test_every_stage_produces_its_outputs(repro):
     ws, _ = repro
     for split in ("train", "val", "test"):
         assert pl.read_parquet(ws / f"data/processed/calc/{split}.parquet").height > 0
-    for model in ("base", "sft"):
-        assert (ws / "models" / model / "steprl_complete.json").is_file()
+    for model in ("base", "sft", "grpo/final", "ppo/final", "steppo/final"):
+        assert (ws / "models" / model / "steprl_complete.json").is_file(), model
+    for algo in ("grpo", "ppo", "steppo"):
+        tr = json.loads((ws / f"metrics/train_{algo}.json").read_text())
+        assert tr["iterations"] == 2 and tr["generated_tokens"] > 0
+        for k in (0, 1):
+            it = ws / "runs" / algo / f"iter_{k:04d}"
+            assert (it / "done.json").is_file()
+            batch = pl.read_parquet(it / "batch.parquet")
+            assert {"advantages", "returns", "old_logprobs", "reward", "group_id"} <= set(batch.columns)
+            lens = batch.select(pl.col("advantages").list.len(), pl.col("response_ids").list.len())
+            assert (lens["advantages"] == lens["response_ids"]).all()
+    report = (ws / "reports/compare.md").read_text()
+    for name in ("sft", "grpo", "ppo", "steppo"):
+        assert f"| {name} |" in report
+    assert (ws / "reports/compare.png").stat().st_size > 1000
     ev = json.loads((ws / "metrics/eval_sft.json").read_text())
     assert ev["n_episodes"] == 8
     for key in ("accuracy", "mean_turns", "valid_tool_call_rate", "format_error_rate"):
@@ -41,7 +55,17 @@ def test_mlflow_has_sft_and_evaluate_runs(repro):
     ws, _ = repro
     con = sqlite3.connect(ws / "mlflow/mlflow.db")
     names = {r[0] for r in con.execute("select name from runs where status = 'FINISHED'")}
-    assert {"sft", "evaluate-sft"} <= names
+    assert {"sft", "evaluate-sft", "grpo", "ppo", "steppo", "evaluate-grpo", "compare"} <= names
+    for algo in ("grpo", "ppo", "steppo"):
+        (run_id,) = con.execute("select run_uuid from runs where name = ?", (algo,)).fetchone()
+        steps = [s for (s,) in con.execute(
+            "select step from metrics where run_uuid = ? and key = 'timing_s/iteration' order by step", (run_id,))]
+        assert steps == [0, 1], (algo, steps)
+        keys = {k for (k,) in con.execute("select distinct key from metrics where run_uuid = ?", (run_id,))}
+        assert {"critic/score/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "val/accuracy",
+                "timing_s/rollout", "perf/tokens_per_s", "tool_calls/valid_rate"} <= keys, keys
+        if algo != "grpo":
+            assert {"critic/vf_loss", "critic/vf_explained_var"} <= keys
     (n_loss,) = con.execute("select count(*) from metrics where key = 'sft/loss'").fetchone()
     assert n_loss == 4
     (exp,) = con.execute("select name from experiments where experiment_id = "
@@ -63,4 +87,5 @@ def test_sft_param_change_reruns_only_sft_and_after(repro):
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = run(["dvc", "repro"], ws, timeout=1500).stdout
     ran = set(re.findall(r"Running stage '([^']+)'", out))
-    assert ran == {"sft", "evaluate@sft"}, out
+    assert "prepare" not in ran and "base_model" not in ran, out
+    assert {"sft", "evaluate_sft", "train@grpo", "compare"} <= ran, out

@@ -20,6 +20,14 @@ TINY = {
               "num_heads": 2, "num_kv_heads": 1, "max_position_embeddings": 512},
     "sft": {"steps": 4, "batch_size": 8, "micro_batch_size": 4, "warmup_steps": 1},
     "rollout": {"max_steps": 3, "max_response_len": 48},
+    "evaluate": {"max_samples": 8},
+    "train": {"iterations": 2, "trajectories_per_iteration": 8, "mini_batch_size": 8, "micro_batch_size": 4,
+              "val_samples": 4, "val_every": 1},
+    "algorithms": {
+        "grpo": {"preset": "grpo", "samples_per_prompt": 2},
+        "ppo": {"preset": "ppo", "samples_per_prompt": 1},
+        "steppo": {"preset": "steppo", "samples_per_prompt": 1, "clip_low": 0.0003, "clip_high": 0.0004},
+    },
 }
 
 
@@ -42,7 +50,7 @@ def make_workspace(root: Path, overrides: dict | None = None) -> Path:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     params = yaml.safe_load((root / "params.yaml").read_text())
     for section, values in {**TINY, **(overrides or {})}.items():
-        if isinstance(values, dict):
+        if isinstance(values, dict) and section != "algorithms":
             params.setdefault(section, {}).update(values)
         else:
             params[section] = values

@@ -15,7 +15,7 @@ from components.train.sft import (
     split_micro_batches,
     token_nll_sum,
 )
-from train_helpers import ENGINE_KW, full_weights, random_batch, tiny_model
+from train_helpers import ENGINE_KW, assert_weights_match, full_weights, random_batch, tiny_model
 
 
 def test_token_nll_sum_by_hand() -> None:
@@ -90,23 +90,22 @@ def test_overfit_fixed_batch_and_metrics() -> None:
 def test_run_sft_micro_batching_does_not_change_training() -> None:
     """Same losses, grad norms and weights over 3 steps however the batches are cut.
 
-    lr 1e-4: Adam turns float-reassociation noise on ~0 gradients into update differences of up to
-    ~1e-3 of lr, which must stay below the 1e-6 weight tolerance.
+    Weights get an lr-relative tolerance (see assert_weights_match); the gradient-level check is in
+    test_train_engine.py.
     """
     base = tiny_model(seed=6)
     batches = [random_batch(6, seed=20 + i) for i in range(3)]
     runs = {}
     for micro in (6, 2, 4):  # 4 -> uneven 4 + 2
-        engine = build_engine(copy.deepcopy(base), **{**ENGINE_KW, "lr": 1e-4})
+        engine = build_engine(copy.deepcopy(base), **{**ENGINE_KW, "lr": 1e-3})
         hist = run_sft(engine, ([*split_micro_batches(b, micro)] for b in batches), steps=3, progress=False)
         runs[micro] = ([v for m in hist for v in (m["loss"], m["grad_norm"])], full_weights(engine))
     ref_losses, ref_w = runs[6]
     moved = max((ref_w[k] - p.detach()).abs().max().item() for k, p in base.named_parameters())
-    assert moved > 1e-4
+    assert moved > 1e-3
     for micro, (losses, w) in runs.items():
         assert losses == pytest.approx(ref_losses, rel=1e-5), micro
-        for k in ref_w:
-            torch.testing.assert_close(w[k], ref_w[k], atol=1e-6, rtol=0)
+        assert_weights_match(w, ref_w, lr=1e-3, steps=3)
 
 
 def test_run_sft_errors_name_the_problem() -> None:

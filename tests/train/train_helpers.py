@@ -1,5 +1,8 @@
-"""Shared helpers for tests/train (imported as ``train_helpers``; not a conftest so the name is unique): a tiny Qwen3 model, a 128-token tokenizer, random SFT batches,
-and snapshots of an engine's full weights / optimizer state (ZeRO-3 gathered)."""
+"""Shared helpers for tests/train, imported as ``train_helpers`` (a unique module name; not a conftest).
+
+A tiny Qwen3 model, a 128-token tokenizer, random SFT batches, snapshots of an engine's full weights
+(ZeRO-3 gathered) and optimizer state, a gradient recorder, and a weight comparison for Adam updates.
+"""
 
 from __future__ import annotations
 
@@ -87,7 +90,7 @@ def full_weights(engine: Any) -> dict[str, torch.Tensor]:
 
 def optimizer_tensors(engine: Any) -> list[tuple[str, Any]]:
     """Every tensor / number in the engine optimizer's state_dict, flattened with its path (deep copies),
-    except DeepSpeed's ``overflow`` flag."""
+    except DeepSpeed's ``overflow`` flag and loss-scaler iteration count."""
     out: list[tuple[str, Any]] = []
 
     def walk(path: str, obj: Any) -> None:
@@ -103,8 +106,9 @@ def optimizer_tensors(engine: Any) -> list[tuple[str, Any]]:
             out.append((path, copy.copy(obj)))
 
     walk("opt", engine.optimizer.state_dict())
-    # ZeRO wrappers record whether the LAST step overflowed; that flag is a report, not optimizer state.
-    return [(k, v) for k, v in out if k != "opt.overflow"]
+    # DeepSpeed wrappers record whether the LAST step overflowed and count loss-scaler iterations
+    # (skipped ones included); those are reports, not state that shapes the next update.
+    return [(k, v) for k, v in out if k not in ("opt.overflow", "opt.cur_iter")]
 
 
 def assert_same_tensors(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> None:
@@ -114,3 +118,37 @@ def assert_same_tensors(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> N
             assert torch.equal(x, y), f"optimizer state {k} changed"
         else:
             assert x == y or (x != x and y != y), f"optimizer state {k} changed: {x} -> {y}"
+
+
+class GradCapture:
+    """Records each parameter's ``.grad`` after every accumulation into it; after a step on a plain
+    fp32 ZeRO-0 engine, ``grads`` holds the full accumulated gradient the optimizer saw."""
+
+    def __init__(self, engine: Any) -> None:
+        self.grads: dict[str, torch.Tensor] = {}
+        self._handles = [
+            p.register_post_accumulate_grad_hook(lambda p, name=name: self._store(name, p))
+            for name, p in engine.module.named_parameters()
+        ]
+
+    def _store(self, name: str, p: torch.Tensor) -> None:
+        self.grads[name] = p.grad.detach().clone()
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def assert_weights_match(
+    w: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], *, lr: float, steps: int
+) -> None:
+    """Weights after Adam updates from equal (up to float reassociation) gradients.
+
+    Adam divides by |g|: where a gradient is ~0, reassociation noise can move that element's update by
+    a fair share of lr. So: every element within 2% of the total step budget (lr * steps), and at
+    most 0.1% of elements differ by more than 1e-6 (observed: ~0.01%).
+    """
+    diff = torch.cat([(w[k] - ref[k]).abs().flatten() for k in ref])
+    assert diff.max().item() <= 2e-2 * lr * steps, f"max weight difference {diff.max().item():.3g}"
+    frac = (diff > 1e-6).float().mean().item()
+    assert frac <= 1e-3, f"{frac:.2%} of weights differ by more than 1e-6"

@@ -1,0 +1,77 @@
+"""From an iteration's scored step rows to the tensors an estimator reads, and back to per-row lists.
+
+The estimator itself comes from the ``components.algos`` registry by name. This module only maps
+string ids (trajectory, group) to integer indices, pads per-token lists into (B, L) tensors, and
+unpads the results, so that ``batch.parquet`` holds exactly what the advantages were computed from.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from components.algos import get_advantage_estimator
+from components.algos.kl import kl_reward
+
+
+def _index(values: Sequence[str]) -> torch.Tensor:
+    ids: dict[str, int] = {}
+    return torch.tensor([ids.setdefault(v, len(ids)) for v in values], dtype=torch.long)
+
+
+def _pad(seqs: Sequence[Sequence[float]], L: int) -> torch.Tensor:
+    out = torch.zeros(len(seqs), L)
+    for i, s in enumerate(seqs):
+        if len(s):
+            out[i, : len(s)] = torch.tensor(list(s), dtype=torch.float32)
+    return out
+
+
+def compute_advantages(
+    rows: Sequence[dict[str, Any]],
+    *,
+    estimator: str,
+    gamma: float,
+    lam: float,
+    kl_coef: float = 0.0,
+    kl_kind: str = "low_var_kl",
+    kl_in_reward: bool = False,
+) -> list[dict[str, Any]]:
+    """Add ``advantages`` and ``returns`` (per-token lists; for step critics ``returns`` has one value)
+    and ``token_rewards`` when the KL penalty is in the reward. Rows need ``traj_id``, ``group_id``,
+    ``step``, ``reward``, ``response_ids``, and ``values`` (critic estimators), ``old_logprobs`` and
+    ``ref_logprobs`` (KL in reward)."""
+    est = get_advantage_estimator(estimator)
+    L = max(max(len(r["response_ids"]) for r in rows), 1)
+    mask = _pad([[1.0] * len(r["response_ids"]) for r in rows], L)  # (B, L)
+    rewards: torch.Tensor = torch.tensor([float(r["reward"]) for r in rows])  # (B,)
+    if kl_in_reward and kl_coef > 0:
+        rewards = kl_reward(
+            rewards=rewards, response_mask=mask, logp=_pad([r["old_logprobs"] for r in rows], L),
+            ref_logp=_pad([r["ref_logprobs"] for r in rows], L), kind=kl_kind, coef=kl_coef,
+        )  # (B, L) token rewards
+    values = None
+    if est.critic == "token":
+        values = _pad([r["values"] for r in rows], L)
+    elif est.critic == "step":
+        values = torch.tensor([float(r["values"][0]) for r in rows])
+    obs_index = _index([f"{r['group_id']}|{r.get('obs_key', r['step'])}" for r in rows]) if est.needs_obs_index else None
+    out = est(
+        rewards=rewards, response_mask=mask, traj_index=_index([r["traj_id"] for r in rows]),
+        step_index=torch.tensor([int(r["step"]) for r in rows]), group_index=_index([r["group_id"] for r in rows]),
+        values=values, obs_index=obs_index, gamma=gamma, lam=lam,
+    )  # fmt: skip
+    result = []
+    for i, r in enumerate(rows):
+        n = len(r["response_ids"])
+        new = dict(r)
+        new["advantages"] = out.advantages[i, :n].tolist()
+        if est.critic == "step" and out.step_returns is not None:
+            new["returns"] = [float(out.step_returns[i])]
+        else:
+            new["returns"] = out.returns[i, :n].tolist()
+        if rewards.dim() == 2:
+            new["token_rewards"] = rewards[i, :n].tolist()
+        result.append(new)
+    return result

@@ -1,0 +1,28 @@
+"""The critic: a value head (one scalar per position) on the same architecture as the actor.
+
+Built with transformers' token-classification class for the architecture (``num_labels=1``), its
+backbone initialised from the SFT checkpoint and the head from zero, as verl does. Saved and loaded in
+HF format like any checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+
+def build_critic(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A critic whose backbone is the causal LM in ``model_dir`` and whose value head starts at zero."""
+    critic = AutoModelForTokenClassification.from_pretrained(str(model_dir), num_labels=1, dtype=dtype)
+    head = getattr(critic, "score", None) or getattr(critic, "classifier")
+    with torch.no_grad():
+        head.weight.zero_()
+        if getattr(head, "bias", None) is not None:
+            head.bias.zero_()
+    return critic
+
+
+def load_critic(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    return AutoModelForTokenClassification.from_pretrained(str(model_dir), dtype=dtype)

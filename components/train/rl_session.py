@@ -1,0 +1,152 @@
+"""The long-lived objects of one RL run: actor and critic DeepSpeed engines, frozen reference, vLLM.
+
+One ``RLSession`` lives in the train flow's process for the whole run; the flow's tasks call its
+methods. It knows how to roll out (agent loop on the rollout engine), annotate rows with what the
+advantage estimator and the losses need (old/ref log-probs, critic values), update, save and restore
+a resumable checkpoint (HF weights + DeepSpeed state of actor and critic), and push the actor's
+weights into the running rollout engine. It never reads params.yaml: the flow passes flat settings.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from components.agent.loop import Episode, run_episodes
+from components.agent.render import ChatRenderer
+from components.rollout import make_engine
+from components.train.checkpoint import is_complete, load_engine_state, save_checkpoint
+from components.train.critic import build_critic, load_critic
+from components.train.engine import build_engine
+from components.train.policy import critic_values, make_token_batch, response_logprobs
+from components.train.rl_update import actor_update, critic_update
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    critic: str | None  # None, "token" (gae) or "step" (step_gae)
+    use_ref: bool  # a frozen reference policy is needed (KL)
+    actor_lr: float
+    critic_lr: float
+    zero_stage: int
+    dtype: str
+    grad_clip: float
+    micro_batch_size: int
+    rollout_engine: str
+    rollout_dtype: str
+    max_model_len: int
+    kv_cache_gib: float
+    seed: int
+
+
+class RLSession:
+    def __init__(self, init_dir: str | Path, cfg: SessionConfig, tools: list[dict] | None) -> None:
+        """Engines start from the HF checkpoint ``init_dir`` (the SFT model): actor, critic backbone,
+        reference and rollout engine."""
+        self.cfg = cfg
+        self.init_dir = Path(init_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.init_dir)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.renderer = ChatRenderer(self.tokenizer, tools, stop_token=self.tokenizer.eos_token)
+        torch.manual_seed(cfg.seed)
+        engine_kw = dict(weight_decay=0.0, zero_stage=cfg.zero_stage, dtype=cfg.dtype, grad_clip=cfg.grad_clip,
+                         micro_batch_size=cfg.micro_batch_size, grad_accum_steps=1, warmup_steps=0,
+                         total_steps=1, lr_schedule="constant")
+        self.actor = build_engine(AutoModelForCausalLM.from_pretrained(self.init_dir), lr=cfg.actor_lr, **engine_kw)
+        self.critic = None
+        if cfg.critic is not None:
+            self.critic = build_engine(build_critic(self.init_dir), lr=cfg.critic_lr, **engine_kw)
+        self.ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval() if cfg.use_ref else None
+        self.rollout_engine = make_engine(
+            cfg.rollout_engine, str(self.init_dir), stop_token_ids=[self.tokenizer.eos_token_id],
+            dtype=cfg.rollout_dtype, max_model_len=cfg.max_model_len, kv_cache_gib=cfg.kv_cache_gib, seed=cfg.seed,
+        )
+        self.version: str = str(self.init_dir)  # the checkpoint the engines hold now
+
+    # --- rollout -------------------------------------------------------------------------------
+    def play(self, episodes: list[Episode], *, max_steps: int, max_prompt_len: int, max_response_len: int,
+             temperature: float, seed: int, desc: str) -> list[dict]:
+        return run_episodes(
+            self.rollout_engine, self.renderer, episodes, max_steps=max_steps, max_prompt_len=max_prompt_len,
+            max_response_len=max_response_len, temperature=temperature, seed=seed, desc=desc,
+        )
+
+    # --- what the estimator and losses read ---------------------------------------------------------
+    @torch.no_grad()
+    def annotate(self, rows: Sequence[dict], batch_size: int = 32) -> list[dict]:
+        """Rows + ``old_logprobs`` (actor now), ``ref_logprobs`` (reference) and critic ``values``."""
+        out = []
+        self.actor.eval()
+        for s in range(0, len(rows), batch_size):
+            chunk = [dict(r) for r in rows[s : s + batch_size]]
+            batch = make_token_batch([r["prompt_ids"] for r in chunk], [r["response_ids"] for r in chunk], self.pad_id)
+            old, _ = response_logprobs(self.actor.module, batch)
+            ref = response_logprobs(self.ref, batch)[0] if self.ref is not None else None
+            values = None
+            if self.critic is not None:
+                self.critic.eval()
+                values = critic_values(self.critic.module, batch, per_step=self.cfg.critic == "step")
+            for i, r in enumerate(chunk):
+                n = len(r["response_ids"])
+                r["old_logprobs"] = old[i, :n].tolist()
+                r["ref_logprobs"] = ref[i, :n].tolist() if ref is not None else None
+                if values is None:
+                    r["values"] = None
+                elif self.cfg.critic == "step":
+                    r["values"] = [float(values[i])]
+                else:
+                    r["values"] = values[i, :n].tolist()
+                out.append(r)
+        return out
+
+    # --- update --------------------------------------------------------------------------------
+    def update(self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.critic is not None:
+            m = critic_update(self.critic, rows, pad_id=self.pad_id, per_step=self.cfg.critic == "step", **critic_kw)
+            metrics.update({f"critic/{k}": v for k, v in m.items()})
+        if train_actor:
+            m = actor_update(self.actor, rows, pad_id=self.pad_id, **actor_kw)
+            metrics.update({f"actor/{k}": v for k, v in m.items()})
+        return metrics
+
+    def sync(self) -> None:
+        self.rollout_engine.sync_weights(self.actor.module.state_dict())
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def save(self, out_dir: str | Path, metadata: dict[str, Any]) -> str:
+        """Actor (HF + tokenizer + DeepSpeed state) at out_dir/actor, critic at out_dir/critic."""
+        out = Path(out_dir)
+        save_checkpoint(self.actor, out / "actor", tokenizer=self.tokenizer, save_engine_state=True, metadata=metadata)
+        if self.critic is not None:
+            save_checkpoint(self.critic, out / "critic", save_engine_state=True, metadata=metadata)
+        self.version = str(out)
+        return str(out)
+
+    def restore(self, ckpt_dir: str | Path) -> None:
+        """Load actor/critic weights, optimizer and schedule from ``ckpt_dir``, and sync the rollout engine."""
+        ckpt = Path(ckpt_dir)
+        load_engine_state(self.actor, ckpt / "actor")
+        if self.critic is not None:
+            load_engine_state(self.critic, ckpt / "critic")
+        self.sync()
+        self.version = str(ckpt)
+
+    def close(self) -> None:
+        self.rollout_engine.close()
+
+
+def complete_checkpoint(ckpt_dir: str | Path, with_critic: bool) -> bool:
+    p = Path(ckpt_dir)
+    return is_complete(p / "actor") and (not with_critic or is_complete(p / "critic"))
+
+
+def prune(dirs: Sequence[Path], keep: int, what: Callable[[Path], Path]) -> None:
+    """Delete ``what(d)`` for all but the last ``keep`` of ``dirs`` (old checkpoints)."""
+    for d in list(dirs)[: max(len(dirs) - keep, 0)]:
+        shutil.rmtree(what(d), ignore_errors=True)

@@ -1,0 +1,310 @@
+"""Stage `train@<algo>`: RL from the SFT model with one algorithm -> models/<algo>/final, runs/<algo>/.
+
+Each iteration runs the Prefect tasks rollout -> score -> advantage -> update -> sync. Tables go to
+runs/<algo>/iter_<k>/ (rollouts, scored, batch parquet); each task is cached on the content of what
+it reads, and a finished iteration leaves a resumable checkpoint and a done marker. Rerunning after a
+crash restores the engines from the last finished iteration and resumes at the first unfinished task;
+MLflow gets each iteration's metrics exactly once (the run is resumed, missing steps are filled from
+the iteration's metrics.json).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import polars as pl
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows import REPO
+from flows._cache import content_key, file_digest
+from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._trajectories import render_samples
+from components.agent.loop import Episode, episode_metrics
+from components.algos import get_advantage_estimator, get_preset
+from components.config import Params
+from components.envs import get_task
+from components.io import write_json, write_parquet, write_text
+from components.model.tiny import is_complete_checkpoint, save_hf
+from components.plots import line_chart
+from components.schemas import StepSchema, validate_table
+from components.train.advantage import compute_advantages
+from components.train.rl_session import RLSession, SessionConfig, complete_checkpoint, prune
+from flows.train_metrics import iteration_metrics
+
+SFT = REPO / "models" / "sft"
+MARKER = "steprl_complete.json"
+KEEP_CHECKPOINTS = 2
+_SESSION: dict[str, RLSession] = {}  # engines live in the flow process, never as task inputs
+
+
+def resolved(params: Params, algo: str) -> dict:
+    """The algorithm's parts: its preset with every non-null override applied."""
+    a = params.algorithms[algo]
+    parts = dict(get_preset(a.preset))
+    for key in ("estimator", "policy_loss", "loss_agg"):
+        if getattr(a, key) is not None:
+            parts[key] = getattr(a, key)
+    parts["critic"] = get_advantage_estimator(parts["estimator"]).critic
+    return parts
+
+
+def run_dir(algo: str) -> Path:
+    return REPO / "runs" / algo
+
+
+def iter_dir(algo: str, k: int) -> Path:
+    return run_dir(algo) / f"iter_{k:04d}"
+
+
+def fingerprint(params: Params, algo: str) -> dict:
+    """What a run's iterations depend on: a different fingerprint starts the run afresh."""
+    return {
+        "algo": params.algorithms[algo].model_dump(),
+        "train": params.train.model_dump(exclude={"iterations", "val_every", "val_samples"}),
+        "rollout": params.rollout.model_dump(),
+        "deepspeed": params.deepspeed.model_dump(),
+        "seed": params.seed,
+        "task": params.task,
+        "sft": json.loads((SFT / MARKER).read_text()),
+    }
+
+
+# --- tasks -------------------------------------------------------------------------------------
+@task(cache_key_fn=content_key("policy", "train_split"), persist_result=True)
+def rollout(algo: str, k: int, policy: str, train_split: str, params: Params) -> str:
+    """Sample this iteration's prompts (each samples_per_prompt times) and play them to the end."""
+    spec = get_task(params.task)
+    a, t, r = params.algorithms[algo], params.train, params.rollout
+    n_prompts = max(t.trajectories_per_iteration // a.samples_per_prompt, 1)
+    rows = pl.read_parquet(train_split).to_dicts()
+    picked = random.Random(params.seed * 100_003 + k).sample(rows, min(n_prompts, len(rows)))
+    episodes = [
+        Episode(f"{k}-{row['id']}-{j}", f"{k}-{row['id']}", spec.make_env(row, malformed_penalty=t.malformed_penalty), row)
+        for row in picked for j in range(a.samples_per_prompt)
+    ]
+    steps = _SESSION[algo].play(
+        episodes, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len,
+        temperature=t.temperature, seed=params.seed * 7919 + k, desc=f"{algo} rollout {k}",
+    )
+    df = validate_table(pl.DataFrame(steps), StepSchema, f"{algo} iteration {k} rollouts")
+    return str(write_parquet(df, iter_dir(algo, k) / "rollouts.parquet"))
+
+
+@task(cache_key_fn=content_key("rollouts"), persist_result=True)
+def score(algo: str, k: int, rollouts: str) -> str:
+    """Trajectory returns and outcomes next to the step rewards the environment gave."""
+    df = pl.read_parquet(rollouts)
+    df = df.with_columns(
+        traj_return=pl.col("reward").sum().over("traj_id"),
+        traj_correct=pl.col("correct").any().over("traj_id"),
+        num_steps=pl.len().over("traj_id"),
+    )
+    return str(write_parquet(df, iter_dir(algo, k) / "scored.parquet"))
+
+
+@task(cache_key_fn=content_key("scored", "policy"), persist_result=True)
+def advantage(algo: str, k: int, scored: str, policy: str, params: Params) -> str:
+    """Old/reference log-probs and critic values, then the estimator: batch.parquet."""
+    t, parts = params.train, resolved(params, algo)
+    rows = _SESSION[algo].annotate(pl.read_parquet(scored).to_dicts())
+    rows = compute_advantages(rows, estimator=parts["estimator"], gamma=t.gamma, lam=t.lam,
+                              kl_coef=t.kl_coef, kl_kind=t.kl_kind, kl_in_reward=t.kl_in_reward)
+    return str(write_parquet(pl.DataFrame(rows, infer_schema_length=None), iter_dir(algo, k) / "batch.parquet"))
+
+
+@task(cache_key_fn=content_key("batch", "policy"), persist_result=True)
+def update(algo: str, k: int, batch: str, policy: str, params: Params) -> dict:
+    """Actor (and critic) PPO epochs on batch.parquet; saves the iteration's resumable checkpoint."""
+    t, a, parts = params.train, params.algorithms[algo], resolved(params, algo)
+    rows = pl.read_parquet(batch).to_dicts()
+    common = dict(epochs=t.ppo_epochs, mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
+                  seed=params.seed * 31 + k)
+    metrics = _SESSION[algo].update(
+        rows,
+        train_actor=k >= t.critic_warmup,
+        actor_kw=dict(policy_loss=parts["policy_loss"], loss_agg=parts["loss_agg"], clip_low=a.clip_low,
+                      clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c,
+                      kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_kind=t.kl_kind,
+                      entropy_coef=t.entropy_coef, norm_const=float(params.rollout.max_response_len), **common),
+        critic_kw=dict(value_clip=t.value_clip, **common),
+    )
+    ckpt = _SESSION[algo].save(iter_dir(algo, k) / "checkpoint", metadata={"iteration": k, "algo": algo})
+    return {"checkpoint": ckpt, "metrics": metrics}
+
+
+@task(cache_policy=NO_CACHE)
+def sync(algo: str) -> None:
+    _SESSION[algo].sync()
+
+
+@task(cache_policy=NO_CACHE)
+def validate(algo: str, k: int, params: Params) -> dict:
+    spec = get_task(params.task)
+    r = params.rollout
+    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "val.parquet").head(params.train.val_samples).to_dicts()
+    episodes = [Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row), row) for row in rows]
+    steps = _SESSION[algo].play(episodes, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len,
+                                max_response_len=r.max_response_len, temperature=0.0, seed=params.seed,
+                                desc=f"{algo} validate {k}")
+    return {f"val/{key}": v for key, v in episode_metrics(steps).items() if key != "n_episodes"}
+
+
+# --- the flow ------------------------------------------------------------------------------------
+def _open_session(params: Params, algo: str) -> RLSession:
+    parts, t, r, ds = resolved(params, algo), params.train, params.rollout, params.deepspeed
+    cfg = SessionConfig(
+        critic=parts["critic"], use_ref=t.kl_coef > 0, actor_lr=params.algorithms[algo].lr, critic_lr=t.critic_lr,
+        zero_stage=ds.zero_stage, dtype=ds.dtype, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
+        rollout_engine=r.engine, rollout_dtype=r.dtype, max_model_len=r.max_prompt_len + r.max_response_len,
+        kv_cache_gib=r.kv_cache_gib, seed=params.seed,
+    )
+    return RLSession(SFT, cfg, get_task(params.task).tools())
+
+
+def _prepare_run_dir(params: Params, algo: str) -> None:
+    d, fp = run_dir(algo), fingerprint(params, algo)
+    stamp = d / "fingerprint.json"
+    if d.exists() and (not stamp.is_file() or json.loads(stamp.read_text()) != json.loads(json.dumps(fp))):
+        print(f"{algo}: params or SFT model changed since {d} was written: starting afresh")
+        shutil.rmtree(d)
+    d.mkdir(parents=True, exist_ok=True)
+    if not stamp.is_file():
+        write_json(fp, stamp)
+
+
+def _finished(algo: str, k: int) -> bool:
+    return (iter_dir(algo, k) / "done.json").is_file()
+
+
+@flow(name="train")
+def train_flow(params: Params, algo: str) -> dict:
+    import mlflow
+
+    _prepare_run_dir(params, algo)
+    t = params.train
+    with_critic = resolved(params, algo)["critic"] is not None
+    session = _SESSION[algo] = _open_session(params, algo)
+    done = [k for k in range(t.iterations) if _finished(algo, k)]
+    last = max(done, default=-1)
+    if last >= 0:
+        print(f"{algo}: resuming after iteration {last}")
+        session.restore(iter_dir(algo, last) / "checkpoint")
+    run_file = run_dir(algo) / "mlflow_run.json"
+    run_id = json.loads(run_file.read_text())["run_id"] if run_file.is_file() else None
+    start = time.perf_counter()
+    try:
+        with mlflow_run(params, algo, ["train", f"algorithms.{algo}", "rollout"], run_id=run_id,
+                        tags={"steprl.algo": algo}) as run:
+            write_json({"run_id": run.info.run_id}, run_file)
+            client, logged = mlflow.tracking.MlflowClient(), set()
+            logged = {m.step for m in client.get_metric_history(run.info.run_id, "timing_s/iteration")}
+            history = []
+            for k in range(t.iterations):
+                if _finished(algo, k):
+                    metrics = json.loads((iter_dir(algo, k) / "metrics.json").read_text())
+                else:
+                    metrics = _iteration(params, algo, k, with_critic)
+                if k not in logged:  # exactly once per iteration, even across crashes
+                    mlflow.log_metrics(metrics, step=k)
+                    samples = iter_dir(algo, k) / "samples.md"
+                    if samples.is_file():
+                        mlflow.log_artifact(str(samples), artifact_path=f"samples/iter_{k:04d}")
+                history.append({"iteration": k, **metrics})
+            summary = _finish(params, algo, history, time.perf_counter() - start)
+            mlflow.log_artifacts(str(REPO / "models" / algo / "final"), artifact_path="checkpoint")
+            mlflow.log_artifact(str(REPO / "plots" / f"train_{algo}.png"), artifact_path="plots")
+    finally:
+        session.close()
+        _SESSION.pop(algo, None)
+    return summary
+
+
+def _iteration(params: Params, algo: str, k: int, with_critic: bool) -> dict:
+    session, t = _SESSION[algo], params.train
+    policy = Path(session.version)
+    policy_marker = str(policy / MARKER) if (policy / MARKER).is_file() else str(policy / "actor" / MARKER)
+    timing = {}
+    t0 = time.perf_counter()
+    rollouts = rollout(algo, k, policy_marker, str(REPO / "data" / "processed" / params.task / "train.parquet"), params)
+    timing["rollout"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    scored = score(algo, k, rollouts)
+    timing["score"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    batch = advantage(algo, k, scored, policy_marker, params)
+    timing["advantage"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    out = update(algo, k, batch, policy_marker, params)
+    timing["update"] = time.perf_counter() - t1
+    if session.version != out["checkpoint"]:  # a cached update: the engines must hold its result
+        session.restore(out["checkpoint"])
+    t1 = time.perf_counter()
+    sync(algo)
+    timing["sync"] = time.perf_counter() - t1
+    metrics = iteration_metrics(pl.read_parquet(batch), out["metrics"])
+    last = k == t.iterations - 1
+    if (k + 1) % t.val_every == 0 or last or k == 0:
+        t1 = time.perf_counter()
+        metrics.update(validate(algo, k, params))
+        timing["validation"] = time.perf_counter() - t1
+    timing["iteration"] = time.perf_counter() - t0
+    metrics.update({f"timing_s/{name}": v for name, v in timing.items()})
+    metrics["perf/tokens_per_s"] = metrics["perf/generated_tokens"] / max(timing["rollout"], 1e-9)
+    d = iter_dir(algo, k)
+    steps = pl.read_parquet(rollouts).to_dicts()
+    write_text(render_samples(steps, limit=8), d / "samples.md")
+    write_json(metrics, d / "metrics.json")
+    write_json({"iteration": k}, d / "done.json")
+    finished = sorted(p for p in run_dir(algo).glob("iter_*") if (p / "done.json").is_file())
+    prune(finished, KEEP_CHECKPOINTS, lambda p: p / "checkpoint")
+    print(f"{algo} iteration {k}: score {metrics['critic/score/mean']:.3f}"
+          + (f", val accuracy {metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "")
+          + f", {timing['iteration']:.1f}s")
+    return metrics
+
+
+def _finish(params: Params, algo: str, history: list[dict], wall: float) -> dict:
+    session = _SESSION[algo]
+    save_hf(session.actor.module, session.tokenizer, REPO / "models" / algo / "final",
+            metadata={"algo": algo, "iterations": len(history)})
+    val = [h for h in history if "val/accuracy" in h]
+    summary = {
+        "algo": algo,
+        "iterations": len(history),
+        "final_val_accuracy": val[-1]["val/accuracy"] if val else None,
+        "generated_tokens": sum(h["perf/generated_tokens"] for h in history),
+        "train_wall_time_s": sum(h["timing_s/iteration"] for h in history),
+        "this_run_wall_time_s": wall,
+    }
+    write_json(summary, REPO / "metrics" / f"train_{algo}.json")
+    write_text("iteration,val_accuracy,score_mean\n" + "".join(
+        f"{h['iteration']},{h.get('val/accuracy', '')},{h['critic/score/mean']}\n" for h in history),
+        REPO / "plots" / f"train_{algo}.csv")
+    line_chart(
+        {"val accuracy": ([h["iteration"] for h in val], [h["val/accuracy"] for h in val]),
+         "train score": ([h["iteration"] for h in history], [h["critic/score/mean"] for h in history])},
+        REPO / "plots" / f"train_{algo}.png", title=f"{algo} on {params.task}", xlabel="iteration", ylabel="accuracy / score",
+    )
+    return summary
+
+
+def main(params: str, algo: str) -> None:
+    p = read_params(params)
+    if algo not in p.algorithms:
+        raise StageError(f"--algo {algo!r} is not a key of algorithms (known: {sorted(p.algorithms)})")
+    if not is_complete_checkpoint(SFT):
+        raise StageError(f"train: {SFT} is not a complete checkpoint (run the sft stage first)")
+    parts = resolved(p, algo)
+    if get_advantage_estimator(parts["estimator"]).needs_groups and p.algorithms[algo].samples_per_prompt < 2:
+        raise StageError(f"algorithms.{algo}.samples_per_prompt=1 but estimator {parts['estimator']} "
+                         "needs samples_per_prompt >= 2 (its baseline is the other samples of the prompt)")
+    train_flow(p, algo)
+
+
+if __name__ == "__main__":
+    stage_main(main, ("--algo", {"required": True, "help": "a key of params.yaml: algorithms"}))

@@ -1,0 +1,54 @@
+"""Per-iteration metrics with the names verl users know (critic/score/mean, actor/pg_loss, ...)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def _explained_var(returns: list[float], values: list[float]) -> float:
+    if len(returns) < 2:
+        return 0.0
+    r = pl.Series(returns)
+    resid = r - pl.Series(values)
+    var = r.var()
+    return float(1.0 - resid.var() / var) if var and var > 0 else 0.0
+
+
+def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str, float]:
+    """Metrics of one iteration from its batch table (before the update) and the update's metrics."""
+    traj = batch.group_by("traj_id").agg(
+        pl.col("reward").sum().alias("ret"), pl.col("correct").any().alias("ok"), pl.len().alias("steps"),
+        pl.col("truncated").any().alias("trunc"),
+    )
+    adv = batch["advantages"].explode().drop_nulls()
+    ret = batch["returns"].explode().drop_nulls()
+    calls = batch["n_calls"].sum()
+    m = {
+        "critic/score/mean": traj["ret"].mean(),
+        "critic/score/max": traj["ret"].max(),
+        "critic/score/min": traj["ret"].min(),
+        "critic/rewards/mean": batch["reward"].mean(),
+        "critic/advantages/mean": adv.mean(),
+        "critic/advantages/max": adv.max(),
+        "critic/advantages/min": adv.min(),
+        "critic/returns/mean": ret.mean(),
+        "train/accuracy": traj["ok"].mean(),
+        "num_steps/mean": traj["steps"].mean(),
+        "truncated/rate": traj["trunc"].mean(),
+        "response_length/mean": batch["response_ids"].list.len().mean(),
+        "response_length/max": batch["response_ids"].list.len().max(),
+        "prompt_length/mean": batch["prompt_ids"].list.len().mean(),
+        "tool_calls/valid_rate": (batch["n_valid_calls"].sum() / calls) if calls else 0.0,
+        "tool_calls/per_trajectory": calls / max(traj.height, 1),
+        "format_error/rate": batch["format_error"].mean(),
+        "perf/generated_tokens": float(batch["response_ids"].list.len().sum()),
+        "batch/step_rows": float(batch.height),
+    }
+    if "values" in batch.columns and batch["values"].null_count() < batch.height:
+        vals = batch["values"].explode().drop_nulls()
+        m["critic/values/mean"] = vals.mean()
+        pairs = [(r, v) for rs, vs in zip(batch["returns"].to_list(), batch["values"].to_list()) if vs
+                 for r, v in zip(rs, vs)]
+        m["critic/vf_explained_var"] = _explained_var([p[0] for p in pairs], [p[1] for p in pairs])
+    m.update(update)
+    return {k: float(v) for k, v in m.items() if v is not None}

@@ -1,0 +1,53 @@
+"""init_distributed: a one-process gloo world on CPU, idempotent; launcher variables respected."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from components.train.distributed import DistInfo, _fill_single_process_env, free_port, init_distributed
+
+
+def test_single_process_world_and_idempotent() -> None:
+    first = init_distributed()
+    second = init_distributed()
+    assert first == second == DistInfo(
+        rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu")
+    )
+    assert first.is_main
+    assert torch.distributed.is_initialized() and torch.distributed.get_world_size() == 1
+    assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1" and os.environ["LOCAL_RANK"] == "0"
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"].isdigit()
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    # collectives work on the one-process world
+    t = torch.tensor([3.0])
+    torch.distributed.all_reduce(t)
+    assert t.item() == 3.0
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    assert 1024 <= port <= 65535
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_env_fill_keeps_launcher_values(monkeypatch) -> None:
+    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29555")
+    _fill_single_process_env()
+    assert os.environ["MASTER_PORT"] == "29555" and os.environ["WORLD_SIZE"] == "1"
+
+
+def test_partial_launcher_env_is_an_error(monkeypatch) -> None:
+    for v in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    missing = r"\['RANK', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT'\]"
+    with pytest.raises(RuntimeError, match=rf"WORLD_SIZE=2 is set but {missing}"):
+        _fill_single_process_env()
