@@ -216,6 +216,16 @@ class Params(Section):
     mlflow: MLflowParams = MLflowParams()
 
     @model_validator(mode="after")
+    def _context_fits(self) -> "Params":
+        need = self.rollout.max_prompt_len + self.rollout.max_response_len
+        if self.model.path is None and need > self.model.max_position_embeddings:
+            raise ValueError(
+                f"rollout.max_prompt_len + rollout.max_response_len = {need} > "
+                f"model.max_position_embeddings={self.model.max_position_embeddings}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _algorithms_known(self) -> "Params":
         for name in self.compare.algorithms:
             if name not in self.algorithms:
@@ -261,7 +271,12 @@ def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     for dotted, value in (overrides or {}).items():
         node = raw
         *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
+        for i, p in enumerate(parents):
+            if node.get(p) is None:  # absent, or an empty section (`sft:` with every key commented out)
+                node[p] = {}
+            node = node[p]
+            if not isinstance(node, dict):
+                where = ".".join(parents[: i + 1])
+                raise ConfigError(f"{path}: override {dotted}: {where} is {node!r}, not a section")
         node[leaf] = value
     return parse_params(raw, str(path))

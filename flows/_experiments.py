@@ -23,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ __all__ = [
     "build_overrides",
     "check_overrides",
     "check_experiment_name",
+    "check_targets",
     "experiment_ref",
     "hydra_value",
     "read_metrics",
@@ -113,8 +116,10 @@ def hydra_value(value: Any, *, key: str = "value") -> str:
 def _parse_one(override: str):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType, ValueType
-    from hydra.errors import OverrideParseException
+    from hydra.errors import HydraException
 
+    if isinstance(override, str):
+        override = override.strip()
     if not isinstance(override, str) or "=" not in override:
         raise ConfigError(f"override {override!r}: expected key=value (e.g. sft.lr=0.001)")
     key = override.split("=", 1)[0]
@@ -122,8 +127,8 @@ def _parse_one(override: str):
         raise ConfigError(f"override {override!r}: only params.yaml keys can be set (no '<file>:' prefix)")
     try:
         parsed = OverridesParser.create().parse_override(override)
-    except OverrideParseException as err:
-        raise ConfigError(f"override {override!r}: not a valid key=value: {err.message}") from None
+    except HydraException as err:
+        raise ConfigError(f"override {override!r}: not a valid key=value: {err}") from None
     if parsed.type == OverrideType.DEL:
         raise ConfigError(f"override {override!r}: deleting keys is not supported")
     if not _KEY.match(parsed.key_or_group):
@@ -176,6 +181,7 @@ def check_overrides(params_text: str, overrides: Sequence[str], source: str = "p
         path.write_text(params_text)
         for o in overrides:
             _parse_one(o)
+            o = o.strip()
             try:
                 apply_overrides(path, [o])
             except InvalidArgumentError as err:
@@ -235,6 +241,23 @@ def params_at(repo: Path, baseline: Baseline, rev: str) -> str:
     return text + "\n"
 
 
+def check_targets(repo: Path, baseline: Baseline, rev: str, targets: Sequence[str]) -> list[str]:
+    """``targets`` must name stages of dvc.yaml (``name`` or ``name@item``); ConfigError lists the valid ones."""
+    import yaml
+
+    if not targets:
+        return []
+    if baseline == "workspace":
+        text = (repo / "dvc.yaml").read_text()
+    else:
+        text = _git(repo, "show", f"{rev}:dvc.yaml", check=False)
+    stages = sorted(((yaml.safe_load(text) or {}).get("stages") or {}) if text else {})
+    for t in targets:
+        if not isinstance(t, str) or t.split("@", 1)[0] not in stages:
+            raise ConfigError(f"targets: {t!r} is not a stage of dvc.yaml; stages: {', '.join(stages)}")
+    return list(targets)
+
+
 def dirty_files(repo: Path) -> list[str]:
     """Tracked files with uncommitted changes (what a workspace-baseline run would include)."""
     out = _git(repo, "status", "--porcelain", "--untracked-files=no")
@@ -274,23 +297,46 @@ def _cache_dir(repo: Path) -> str:
 
 
 def _stream(cmd: list[str], cwd: Path, env: dict[str, str], on_line: Callable[[str], None]) -> tuple[int, str]:
-    """Run ``cmd`` in its own process group, hand each output line to ``on_line``; kill the group on exit."""
+    """Run ``cmd`` in its own process group and hand each output line to ``on_line`` (in this thread).
+
+    Returns (exit code, output) once the command exits; whatever it left running in its group is
+    then killed (also when ``on_line`` or a signal interrupts the wait), so nothing outlives the run.
+    """
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace", bufsize=1, start_new_session=True,
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
+    pending: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(proc.stdout, pending), daemon=True)
+    reader.start()
     lines: list[str] = []
+
+    def drain(timeout: float) -> None:
+        try:
+            line = pending.get(timeout=timeout)
+            while True:
+                lines.append(line)
+                if line:
+                    on_line(line)
+                line = pending.get_nowait()
+        except queue.Empty:
+            pass
+
     try:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            # progress bars redraw with '\r': keep the last state of each line
-            line = raw.rstrip("\n").split("\r")[-1].rstrip() or raw.strip()
-            lines.append(line)
-            if line:
-                on_line(line)
-        return proc.wait(), "\n".join(lines)
+        while proc.poll() is None:
+            drain(0.2)
+        reader.join(timeout=5.0)  # a leftover process may hold the pipe open: do not wait for it
+        drain(0)
+        return proc.returncode, "\n".join(lines)
     finally:
         _kill_group(proc)
+
+
+def _read_lines(stream, out: queue.Queue) -> None:
+    with contextlib.suppress(ValueError, OSError):
+        for raw in stream:  # bytes: text mode would turn every '\r' of a progress bar into a line
+            text = raw.decode("utf-8", errors="replace").rstrip("\n")
+            parts = [p.rstrip() for p in text.split("\r") if p.strip()]
+            out.put(parts[-1] if parts else "")  # a progress bar's last state
 
 
 def _kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:

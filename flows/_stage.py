@@ -31,7 +31,8 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
     try:
         run(**args)
     except (ConfigError, StageError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        for line in str(err).splitlines() or [type(err).__name__]:  # one line per problem
+            print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -34,6 +34,7 @@ from flows._experiments import (
     build_overrides,
     check_experiment_name,
     check_overrides,
+    check_targets,
     dirty_files,
     experiment_ref,
     head_rev,
@@ -49,10 +50,13 @@ DEPLOYMENT = "steprl"  # served as pipeline/steprl
 
 
 @task(name="check-parameters", cache_policy=NO_CACHE)
-def plan_run(overrides: list[str], baseline: str, experiment_name: str | None) -> dict[str, Any]:
+def plan_run(
+    overrides: list[str], baseline: str, experiment_name: str | None, targets: list[str] | None = None
+) -> dict[str, Any]:
     """Resolve and validate everything a run needs; raises ConfigError naming the bad key."""
     rev = head_rev(REPO)
     params = check_overrides(params_at(REPO, baseline, rev), overrides, source=f"params.yaml ({baseline})")
+    targets = check_targets(REPO, baseline, rev, targets or [])
     name = check_experiment_name(experiment_name or _default_name())
     if ref_exists(REPO, experiment_ref(rev, name)):
         if experiment_name:
@@ -72,15 +76,16 @@ def plan_run(overrides: list[str], baseline: str, experiment_name: str | None) -
         "mlflow_uri": tracking_uri(params),
         "mlflow_experiment": params.mlflow.experiment or params.task,
         "dirty": dirty,
+        "targets": targets,
     }
 
 
 @task(name="dvc-exp-run", cache_policy=NO_CACHE)
-def dvc_exp_run(plan: dict[str, Any], targets: list[str], env: dict[str, str]) -> ExperimentResult:
+def dvc_exp_run(plan: dict[str, Any], env: dict[str, str]) -> ExperimentResult:
     """`dvc exp run` with the plan's overrides; every output line goes to the Prefect log."""
     log = get_run_logger()
     return run_experiment(
-        REPO, plan["overrides"], plan["name"], baseline=plan["baseline"], targets=targets,
+        REPO, plan["overrides"], plan["name"], baseline=plan["baseline"], targets=plan["targets"],
         env=env, on_line=log.info,
     )
 
@@ -118,9 +123,9 @@ def pipeline(
         task=task, algorithms=algorithms, seed=seed, iterations=iterations, model_path=model_path,
         overrides=overrides,
     )
-    plan = plan_run(run_overrides, baseline, experiment_name)
+    plan = plan_run(run_overrides, baseline, experiment_name, targets)
     with parent_mlflow_run(plan) as run_id:
-        result = dvc_exp_run(plan, list(targets or []), stage_env(plan, run_id))
+        result = dvc_exp_run(plan, stage_env(plan, run_id))
         metrics = record_experiment(run_id, plan, result)
     return {
         "experiment": result.name,
@@ -168,6 +173,7 @@ def parent_mlflow_run(plan: dict[str, Any]) -> Iterator[str]:
         "steprl.baseline": plan["baseline"],
         "steprl.baseline_rev": plan["baseline_rev"],
         "steprl.overrides": " ".join(plan["overrides"]) or "(none)",
+        "steprl.targets": " ".join(plan["targets"]) or "(all)",
         "prefect.flow_run_id": str(flow_run.get_id() or ""),
         "prefect.flow_run_name": str(flow_run.get_name() or ""),
         "prefect.deployment": str(deployment.get_name() or ""),
@@ -241,16 +247,38 @@ def serve_pipeline(
     parameters = {"overrides": list(overrides)} if overrides else None
     if overrides:
         check_overrides(params_at(REPO, "head", head_rev(REPO)), build_overrides(overrides=overrides))
+    # No schedule flag: keep the schedules the deployment already has (set in the UI), which
+    # `serve` would otherwise replace by none. A flag replaces them.
+    schedules = None if cron or interval else existing_schedules(name)
     pipeline.serve(
         name=name,
         cron=cron,
         interval=timedelta(seconds=interval) if interval else None,
+        schedules=schedules,
         parameters=parameters,
         limit=limit,
         tags=["steprl"],
         description="The steprl pipeline as a DVC experiment (dvc exp run), logged to MLflow.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
+
+
+def existing_schedules(name: str = DEPLOYMENT) -> list | None:
+    """The schedules of deployment pipeline/<name> on the Prefect server (None if it has none or is new)."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            dep = client.read_deployment_by_name(f"pipeline/{name}")
+        except ObjectNotFound:
+            return None
+    kept = [
+        DeploymentScheduleCreate(schedule=s.schedule, active=s.active, parameters=s.parameters or {})
+        for s in dep.schedules or []
+    ]
+    return kept or None
 
 
 def main(argv: list[str] | None = None) -> None:

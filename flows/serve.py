@@ -160,6 +160,7 @@ class Service:
     log: Path | None = None  # None: its output is echoed with a "[name] " prefix (and to echo_log)
     echo_log: Path | None = None
     stop_signal: int = signal.SIGTERM  # first signal of a stop; SIGKILL follows after the grace period
+    started_at: float = 0.0
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self, cwd: Path) -> None:
@@ -178,7 +179,7 @@ class Service:
 
     def _echo(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        sink = open(self.echo_log, "ab") if self.echo_log else None
+        sink = open(self.echo_log, "wb") if self.echo_log else None
         try:
             for line in self.proc.stdout:
                 sys.stdout.write(f"[{self.name}] {line.decode(errors='replace')}")
@@ -212,12 +213,16 @@ def _descendants(pid: int) -> list:
         return []
 
 
-def stop_services(services: Sequence[Service], grace: float = 15.0, say: Callable[[str], None] = print) -> None:
+def stop_services(
+    services: Sequence[Service], grace: float = 15.0, say: Callable[[str], None] = print, known: Sequence = ()
+) -> None:
     """Stop ``services`` in the given order: SIGTERM to each group, SIGKILL after ``grace``; then kill
-    every process that belonged to them and is still alive (also ones that left their group)."""
+    every process that belonged to them and is still alive (also ones that left their group, and the
+    ``known`` psutil processes seen earlier, e.g. orphans of a service that died)."""
     import psutil
 
-    tree = {p.pid: p for s in services if s.proc for p in _descendants(s.proc.pid)}
+    tree = {p.pid: p for p in known}
+    tree.update({p.pid: p for s in services if s.proc for p in _descendants(s.proc.pid)})
     for s in services:
         if s.proc is None:
             continue
@@ -334,8 +339,16 @@ def start(
     grace: float = 15.0,
     repo: Path = REPO,
     state_path: Path = STATE,
+    services: list[Service] | None = None,
+    sweep_own_children: bool = False,
 ) -> int:
-    """Start the services and supervise them until Ctrl-C/SIGTERM (exit 0) or one of them dies (exit 1)."""
+    """Start the services and supervise them until Ctrl-C/SIGTERM (exit 0) or one of them dies (exit 1).
+
+    ``services`` (default: service_specs(...)) are started in order: all but the last at once, the
+    last (the deployment) once the others answer. Every process of theirs is remembered while they
+    run (``sweep_own_children``: all of this process's descendants, for a child subreaper), so a stop
+    also reaches the orphans of a service that died.
+    """
     t0 = time.monotonic()
     state = read_state(state_path)
     if state and pid_alive(state.get("pid")):
@@ -352,8 +365,17 @@ def start(
 
         check_overrides(params_at(repo, "head", head_rev(repo)), build_overrides(overrides=overrides))
 
-    services = service_specs(ep, cron=cron, interval=interval, overrides=overrides, limit=limit, repo=repo)
+    if services is None:
+        services = service_specs(ep, cron=cron, interval=interval, overrides=overrides, limit=limit, repo=repo)
     stop = threading.Event()
+    known: dict[int, object] = {}
+
+    def track() -> None:
+        roots = [s.proc.pid for s in services if s.proc] + ([os.getpid()] if sweep_own_children else [])
+        for root in roots:
+            for p in _descendants(root):
+                if p.pid != os.getpid():
+                    known.setdefault(p.pid, p)
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
     def wait_ready(group: list[Service]) -> None:
@@ -361,6 +383,7 @@ def start(
         while pending:
             if stop.is_set():
                 raise _Stop
+            track()
             for s in list(pending):
                 if not s.running:
                     raise ServeError(f"{s.name} exited with code {s.proc.returncode} while starting"
@@ -376,11 +399,11 @@ def start(
     code = 0
     try:
         try:
-            for s in services[:2]:
+            for s in services[:-1]:
                 s.start(repo)
-            wait_ready(services[:2])
-            services[2].start(repo)
-            wait_ready(services[2:])
+            wait_ready(services[:-1])
+            services[-1].start(repo)
+            wait_ready(services[-1:])
         except _Stop:
             return 0
         state_path.write_text(json.dumps({
@@ -391,6 +414,7 @@ def start(
         }, indent=2))
         print(banner(ep, time.monotonic() - t0), flush=True)
         while not stop.wait(1.0):
+            track()
             dead = [s for s in services if not s.running]
             if dead:
                 print(f"{dead[0].name} exited with code {dead[0].proc.returncode}; stopping the others"
@@ -399,7 +423,8 @@ def start(
                 break
         return code
     finally:
-        stop_services(list(reversed(services)), grace=grace)
+        track()
+        stop_services(list(reversed(services)), grace=grace, known=list(known.values()))
         state = read_state(state_path)
         if state and state.get("pid") == os.getpid():
             state_path.unlink(missing_ok=True)
@@ -414,7 +439,7 @@ def is_ready(s: Service, timeout: float = 5.0) -> bool:
         return False
     if not s.fresh:
         return True
-    return isinstance(body, dict) and _epoch(body.get("updated")) >= getattr(s, "started_at", 0) - 1.0
+    return isinstance(body, dict) and _epoch(body.get("updated")) >= s.started_at - 1.0
 
 
 def _epoch(iso: object) -> float:
@@ -432,9 +457,16 @@ def banner(ep: Endpoints, seconds: float) -> str:
         f"steprl services are up ({seconds:.1f} s):",
         f"  Prefect UI   {ep.prefect_url}   deployment {FLOW}/{DEPLOYMENT}: Deployments -> {DEPLOYMENT} -> Run",
         f"  MLflow UI    {ep.mlflow_url}",
-        "  your shell:  eval \"$(python -m flows.serve env)\"   so your own dvc runs report here too",
+        f"  your shell:  eval \"$({_python()} -m flows.serve env)\"   so your own dvc runs report here too",
         "Ctrl-C stops everything.",
     ])
+
+
+def _python() -> str:
+    try:
+        return str(Path(sys.executable).relative_to(Path.cwd()))
+    except ValueError:
+        return sys.executable
 
 
 def _schedule_text(dep: dict) -> str:
@@ -499,6 +531,16 @@ def _endpoints_for_status(args: dict) -> Endpoints:
     return resolve_endpoints(args.get("host"), args.get("prefect_port"), args.get("mlflow_port"))
 
 
+def _become_subreaper() -> bool:
+    """Linux: processes orphaned below us are re-parented to us instead of init (PR_SET_CHILD_SUBREAPER)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -531,8 +573,9 @@ def main(argv: list[str] | None = None) -> int:
             if args["cron"] and args["interval"]:
                 raise ServeError("give --cron or --interval, not both")
             ep = resolve_endpoints(args["host"], args["prefect_port"], args["mlflow_port"])
+            subreaper = _become_subreaper()  # orphans of our children stay ours to stop
             return start(ep, cron=args["cron"], interval=args["interval"], overrides=args["overrides"],
-                         limit=args["limit"], timeout=args["timeout"])
+                         limit=args["limit"], timeout=args["timeout"], sweep_own_children=subreaper)
         if command == "status":
             return status(_endpoints_for_status(args), read_state())
         if command == "env":

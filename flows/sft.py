@@ -104,11 +104,11 @@ def sft_flow(params: Params) -> dict:
         final = {"loss": history[-1]["loss"], "steps": len(history), "skipped_steps": sum(h.get("skipped", 0) for h in history)}
         write_json(final, REPO / "metrics" / "sft.json")
         write_text(
-            "step,loss\n" + "".join(f"{i},{h['loss']:.6f}\n" for i, h in enumerate(history)),
+            "step,loss\n" + "".join(f"{i},{h['loss']:.6f}\n" for i, h in enumerate(history, start=1)),
             REPO / "plots" / "sft_loss.csv",
         )
         png = line_chart(
-            {"sft loss": ([h["step"] for h in history], [h["loss"] for h in history])},
+            {"sft loss": (list(range(1, len(history) + 1)), [h["loss"] for h in history])},
             REPO / "plots" / "sft_loss.png", title="SFT loss (assistant tokens)", xlabel="step", ylabel="loss",
         )
         mlflow.log_artifacts(str(OUT), artifact_path="checkpoint")

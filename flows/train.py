@@ -14,6 +14,7 @@ import json
 import random
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import polars as pl
@@ -21,7 +22,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows import REPO
-from flows._cache import content_key, file_digest
+from flows._cache import content_key
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 from components.agent.loop import Episode, episode_metrics
@@ -33,7 +34,7 @@ from components.model.tiny import is_complete_checkpoint, save_hf
 from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
-from components.train.rl_session import RLSession, SessionConfig, complete_checkpoint, prune
+from components.train.rl_session import RLSession, SessionConfig, prune
 from flows.train_metrics import iteration_metrics
 
 SFT = REPO / "models" / "sft"
@@ -76,7 +77,7 @@ def fingerprint(params: Params, algo: str) -> dict:
 
 # --- tasks -------------------------------------------------------------------------------------
 @task(cache_key_fn=content_key("policy", "train_split"), persist_result=True)
-def rollout(algo: str, k: int, policy: str, train_split: str, params: Params) -> str:
+def rollout(algo: str, k: int, policy: str, train_split: str, params: Params, run: str) -> str:
     """Sample this iteration's prompts (each samples_per_prompt times) and play them to the end."""
     spec = get_task(params.task)
     a, t, r = params.algorithms[algo], params.train, params.rollout
@@ -96,7 +97,7 @@ def rollout(algo: str, k: int, policy: str, train_split: str, params: Params) ->
 
 
 @task(cache_key_fn=content_key("rollouts"), persist_result=True)
-def score(algo: str, k: int, rollouts: str) -> str:
+def score(algo: str, k: int, rollouts: str, run: str) -> str:
     """Trajectory returns and outcomes next to the step rewards the environment gave."""
     df = pl.read_parquet(rollouts)
     df = df.with_columns(
@@ -108,7 +109,7 @@ def score(algo: str, k: int, rollouts: str) -> str:
 
 
 @task(cache_key_fn=content_key("scored", "policy"), persist_result=True)
-def advantage(algo: str, k: int, scored: str, policy: str, params: Params) -> str:
+def advantage(algo: str, k: int, scored: str, policy: str, params: Params, run: str) -> str:
     """Old/reference log-probs and critic values, then the estimator: batch.parquet."""
     t, parts = params.train, resolved(params, algo)
     rows = _SESSION[algo].annotate(pl.read_parquet(scored).to_dicts())
@@ -118,7 +119,7 @@ def advantage(algo: str, k: int, scored: str, policy: str, params: Params) -> st
 
 
 @task(cache_key_fn=content_key("batch", "policy"), persist_result=True)
-def update(algo: str, k: int, batch: str, policy: str, params: Params) -> dict:
+def update(algo: str, k: int, batch: str, policy: str, params: Params, run: str) -> dict:
     """Actor (and critic) PPO epochs on batch.parquet; saves the iteration's resumable checkpoint."""
     t, a, parts = params.train, params.algorithms[algo], resolved(params, algo)
     rows = pl.read_parquet(batch).to_dicts()
@@ -166,15 +167,20 @@ def _open_session(params: Params, algo: str) -> RLSession:
     return RLSession(SFT, cfg, get_task(params.task).tools())
 
 
-def _prepare_run_dir(params: Params, algo: str) -> None:
-    d, fp = run_dir(algo), fingerprint(params, algo)
+def _prepare_run_dir(params: Params, algo: str) -> str:
+    """The run directory, wiped when what its iterations depend on changed; returns the run's id.
+
+    The id scopes the Prefect cache to this run directory: a fresh run never reuses a cached result
+    whose files were deleted with an earlier run directory."""
+    d, fp = run_dir(algo), json.loads(json.dumps(fingerprint(params, algo)))
     stamp = d / "fingerprint.json"
-    if d.exists() and (not stamp.is_file() or json.loads(stamp.read_text()) != json.loads(json.dumps(fp))):
+    if d.exists() and (not stamp.is_file() or json.loads(stamp.read_text()).get("depends_on") != fp):
         print(f"{algo}: params or SFT model changed since {d} was written: starting afresh")
         shutil.rmtree(d)
     d.mkdir(parents=True, exist_ok=True)
     if not stamp.is_file():
-        write_json(fp, stamp)
+        write_json({"run_id": uuid.uuid4().hex, "depends_on": fp}, stamp)
+    return json.loads(stamp.read_text())["run_id"]
 
 
 def _finished(algo: str, k: int) -> bool:
@@ -185,9 +191,8 @@ def _finished(algo: str, k: int) -> bool:
 def train_flow(params: Params, algo: str) -> dict:
     import mlflow
 
-    _prepare_run_dir(params, algo)
+    run = _prepare_run_dir(params, algo)
     t = params.train
-    with_critic = resolved(params, algo)["critic"] is not None
     session = _SESSION[algo] = _open_session(params, algo)
     done = [k for k in range(t.iterations) if _finished(algo, k)]
     last = max(done, default=-1)
@@ -199,16 +204,16 @@ def train_flow(params: Params, algo: str) -> dict:
     start = time.perf_counter()
     try:
         with mlflow_run(params, algo, ["train", f"algorithms.{algo}", "rollout"], run_id=run_id,
-                        tags={"steprl.algo": algo}) as run:
-            write_json({"run_id": run.info.run_id}, run_file)
-            client, logged = mlflow.tracking.MlflowClient(), set()
-            logged = {m.step for m in client.get_metric_history(run.info.run_id, "timing_s/iteration")}
+                        tags={"steprl.algo": algo}) as active:
+            write_json({"run_id": active.info.run_id}, run_file)
+            history_of = mlflow.tracking.MlflowClient().get_metric_history
+            logged = {m.step for m in history_of(active.info.run_id, "timing_s/iteration")}
             history = []
             for k in range(t.iterations):
                 if _finished(algo, k):
                     metrics = json.loads((iter_dir(algo, k) / "metrics.json").read_text())
                 else:
-                    metrics = _iteration(params, algo, k, with_critic)
+                    metrics = _iteration(params, algo, k, run)
                 if k not in logged:  # exactly once per iteration, even across crashes
                     mlflow.log_metrics(metrics, step=k)
                     samples = iter_dir(algo, k) / "samples.md"
@@ -224,22 +229,22 @@ def train_flow(params: Params, algo: str) -> dict:
     return summary
 
 
-def _iteration(params: Params, algo: str, k: int, with_critic: bool) -> dict:
+def _iteration(params: Params, algo: str, k: int, run: str) -> dict:
     session, t = _SESSION[algo], params.train
     policy = Path(session.version)
     policy_marker = str(policy / MARKER) if (policy / MARKER).is_file() else str(policy / "actor" / MARKER)
     timing = {}
     t0 = time.perf_counter()
-    rollouts = rollout(algo, k, policy_marker, str(REPO / "data" / "processed" / params.task / "train.parquet"), params)
+    rollouts = rollout(algo, k, policy_marker, str(REPO / "data" / "processed" / params.task / "train.parquet"), params, run)
     timing["rollout"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    scored = score(algo, k, rollouts)
+    scored = score(algo, k, rollouts, run)
     timing["score"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    batch = advantage(algo, k, scored, policy_marker, params)
+    batch = advantage(algo, k, scored, policy_marker, params, run)
     timing["advantage"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    out = update(algo, k, batch, policy_marker, params)
+    out = update(algo, k, batch, policy_marker, params, run)
     timing["update"] = time.perf_counter() - t1
     if session.version != out["checkpoint"]:  # a cached update: the engines must hold its result
         session.restore(out["checkpoint"])

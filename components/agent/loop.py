@@ -56,9 +56,10 @@ def run_episodes(
     bar = tqdm(total=len(episodes), desc=desc, unit="episode", leave=False)
     for turn in range(max_steps):
         active = [ep for ep in episodes if not ep.done]
-        for ep in active:
-            if len(ep.context) >= max_prompt_len:
-                _end_overlong(ep, turn)
+        overlong = [ep for ep in active if len(ep.context) > max_prompt_len]
+        for ep in overlong:
+            _end_overlong(ep, turn)
+        bar.update(len(overlong))
         active = [ep for ep in active if not ep.done]
         if not active:
             break

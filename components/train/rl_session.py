@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from components.agent.loop import Episode, run_episodes
 from components.agent.render import ChatRenderer
 from components.rollout import make_engine
-from components.train.checkpoint import is_complete, load_engine_state, save_checkpoint
+from components.train.checkpoint import load_engine_state, save_checkpoint
 from components.train.critic import build_critic, load_critic
 from components.train.engine import build_engine
 from components.train.policy import critic_values, make_token_batch, response_logprobs
@@ -139,11 +139,6 @@ class RLSession:
 
     def close(self) -> None:
         self.rollout_engine.close()
-
-
-def complete_checkpoint(ckpt_dir: str | Path, with_critic: bool) -> bool:
-    p = Path(ckpt_dir)
-    return is_complete(p / "actor") and (not with_critic or is_complete(p / "critic"))
 
 
 def prune(dirs: Sequence[Path], keep: int, what: Callable[[Path], Path]) -> None:

@@ -1,0 +1,254 @@
+"""components/config.py on the real params.yaml and on bad files: every error names the key path and value."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.config import AlgoParams, ConfigError, Params, load_params, parse_params
+
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+RAW = yaml.safe_load(PARAMS.read_text())
+
+# AlgoParams fields params.yaml leaves out on purpose: null/default overrides of a preset, described in
+# the comment above `algorithms:` ("estimator, policy_loss, loss_agg ... dual-clip constant").
+OPTIONAL_ALGO_KEYS = {"estimator", "policy_loss", "loss_agg", "clip_ratio_c"}
+
+
+def raw(**changes) -> dict:
+    """A deep copy of params.yaml with dotted keys set (``raw(**{"sft.lr": 1})``)."""
+    out = copy.deepcopy(RAW)
+    for dotted, value in changes.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def error_of(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_params(data)
+    return str(info.value)
+
+
+# --- the real file ------------------------------------------------------------------------------
+
+
+def test_real_params_load_and_match_the_file():
+    p = load_params(PARAMS)
+    assert isinstance(p, Params)
+    assert p.task == RAW["task"] and p.seed == RAW["seed"]
+    assert p.sft.lr == RAW["sft"]["lr"] and p.rollout.max_steps == RAW["rollout"]["max_steps"]
+    assert set(p.algorithms) == set(RAW["algorithms"]) and p.compare.algorithms == RAW["compare"]["algorithms"]
+    with pytest.raises(Exception):  # frozen: a stage cannot change its params
+        p.sft.lr = 1.0  # type: ignore[misc]
+
+
+def _leaf_paths(node, prefix=""):
+    for k, v in node.items():
+        if isinstance(v, dict):
+            yield from _leaf_paths(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
+
+
+def test_every_config_field_is_in_params_yaml():
+    """Config is documentation: a field added to config.py but not to params.yaml is undocumented."""
+    in_file = set(_leaf_paths(RAW))
+    in_model = set(_leaf_paths(load_params(PARAMS).model_dump()))
+    missing = {k for k in in_model - in_file if not (k.startswith("algorithms.") and k.split(".")[-1] in OPTIONAL_ALGO_KEYS)}
+    assert missing == set()
+    assert in_file <= in_model
+    assert OPTIONAL_ALGO_KEYS <= set(AlgoParams.model_fields)
+
+
+_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<value>.*)$")
+
+
+def undocumented_keys(text: str) -> list[str]:
+    """Dotted keys of ``text`` (a YAML file) that no comment covers.
+
+    The rule params.yaml follows: a key is covered when the nearest line above it that is not a sibling
+    key (same indentation, no blank line in between) is a ``#`` comment at its indentation, so a run of
+    consecutive keys may share one comment; a key whose enclosing block key is covered is covered too
+    (the comment above ``algorithms:`` documents its presets). A section key (``prepare:``) needs no
+    comment of its own, but its first key does.
+    """
+    lines = text.splitlines()
+    stack: list[tuple[int, str, bool]] = []  # (indent, key, covered) of the enclosing blocks
+    bad = []
+    for i, line in enumerate(lines):
+        m = _KEY.match(line)
+        if not m:
+            continue
+        indent, key = len(m["indent"]), m["key"]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        j = i - 1
+        while j >= 0 and (k := _KEY.match(lines[j])) and len(k["indent"]) == indent and k["value"].strip():
+            j -= 1  # a sibling key with a value: the run shares the comment above it
+        covered = j >= 0 and lines[j].strip().startswith("#") and len(lines[j]) - len(lines[j].lstrip()) == indent
+        covered = covered or any(c for _, _, c in stack)
+        is_block = not m["value"].strip()
+        path = ".".join([k for _, k, _ in stack] + [key])
+        if not covered and not is_block:
+            bad.append(path)
+        if is_block:
+            stack.append((indent, key, covered))
+    return bad
+
+
+def test_every_key_of_params_yaml_has_a_comment():
+    text = PARAMS.read_text()
+    assert undocumented_keys(text) == []
+    # deleting the comment above a key that opens a run leaves that key undocumented
+    lines = text.splitlines()
+    first_sft_key = lines.index("sft:") + 2
+    assert lines[first_sft_key].startswith("  steps:") and lines[first_sft_key - 1].startswith("  #")
+    assert undocumented_keys("\n".join(lines[: first_sft_key - 1] + lines[first_sft_key:])) == ["sft.steps"]
+    seed_comment = lines.index("seed: 0") - 1
+    assert undocumented_keys("\n".join(lines[:seed_comment] + [""] + lines[seed_comment + 1 :])) == ["seed"]
+    # the rule can fail: a key after a blank line, a key under an uncommented block, a stray comment level
+    assert undocumented_keys("# a\nx: 1\n\ny: 2\n") == ["y"]
+    assert undocumented_keys("s:\n  a: 1\n") == ["s.a"]
+    assert undocumented_keys("s:\n  # a and b\n  a: 1\n  b: 2\nt:\n  c: 3\n") == ["t.c"]
+    assert undocumented_keys("s:\n# wrong level\n  a: 1\n") == ["s.a"]
+    assert undocumented_keys("# all presets\nalgos:\n  g:\n    p: 1\n  h:\n    p: 2\n") == []
+
+
+# --- unknown keys, types, ranges -----------------------------------------------------------------------
+
+
+def test_unknown_key_names_its_full_path():
+    data = raw()
+    data["sft"]["lrr"] = 0.1
+    msg = error_of(data)
+    assert "sft.lrr" in msg and "unknown key" in msg
+    data = raw()
+    data["algorithms"]["grpo"]["clip"] = 0.1
+    assert "algorithms.grpo.clip: unknown key" in error_of(data)
+    assert "bogus: unknown key" in error_of({**raw(), "bogus": 1})
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("sft.steps", "abc", ["sft.steps", "'abc'"]),
+        ("sft.lr", "x", ["sft.lr", "'x'"]),
+        ("sft.steps", 1.5, ["sft.steps", "1.5"]),
+        ("sft.lr", -1, ["sft.lr", "-1", "greater than 0"]),
+        ("prepare.max_calls", 99, ["prepare.max_calls", "99", "less than or equal to 8"]),
+        ("rollout.engine", "tgi", ["rollout.engine", "'tgi'", "vllm"]),
+        ("train.gamma", 1.5, ["train.gamma", "1.5"]),
+        ("evaluate.max_samples", 0, ["evaluate.max_samples", "0"]),
+        ("algorithms.grpo.preset", "dpo", ["algorithms.grpo.preset", "'dpo'"]),
+        ("task", "chess", ["task", "'chess'", "calc"]),
+        ("seed", True, ["seed", "True"]),
+    ],
+)
+def test_bad_type_or_range_names_path_and_value(key, value, words):
+    msg = error_of(raw(**{key: value}))
+    for w in words:
+        assert w in msg, (w, msg)
+    assert msg.startswith(f"params.yaml: {key}")
+
+
+def test_every_bad_key_is_reported_at_once():
+    msg = error_of(raw(**{"sft.lr": "x", "prepare.n_train": 0, "rollout.max_steps": 999}))
+    assert len(msg.splitlines()) == 3
+    for k in ("sft.lr", "prepare.n_train", "rollout.max_steps"):
+        assert k in msg
+
+
+# --- cross-field checks -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"sft.batch_size": 16, "sft.micro_batch_size": 5}, ["sft", "batch_size=16", "micro_batch_size=5"]),
+        ({"sft.steps": 10, "sft.warmup_steps": 11}, ["sft", "warmup_steps=11", "steps=10"]),
+        ({"train.mini_batch_size": 10, "train.micro_batch_size": 4}, ["train", "mini_batch_size=10", "micro_batch_size=4"]),
+        ({"prepare.min_calls": 3, "prepare.max_calls": 2}, ["prepare", "min_calls=3", "max_calls=2"]),
+        ({"model.num_heads": 4, "model.num_kv_heads": 3}, ["model", "num_heads=4", "num_kv_heads=3"]),
+        ({"compare.algorithms": ["grpo", "dapo"]}, ["compare.algorithms", "'dapo'", "grpo", "ppo", "steppo"]),
+    ],
+)
+def test_contradictory_values_name_the_keys(changes, words):
+    msg = error_of(raw(**changes))
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_boundaries_that_are_allowed():
+    p = parse_params(raw(**{"sft.steps": 10, "sft.warmup_steps": 10, "prepare.min_calls": 2, "prepare.max_calls": 2,
+                            "sft.batch_size": 16, "sft.micro_batch_size": 4, "compare.algorithms": []}))
+    assert (p.sft.warmup_steps, p.prepare.min_calls, p.sft.batch_size // p.sft.micro_batch_size) == (10, 2, 4)
+    # a user-defined algorithm may be compared once it is a key of `algorithms`
+    data = raw(**{"compare.algorithms": ["grpo", "grpo_kl"]})
+    data["algorithms"]["grpo_kl"] = {"preset": "grpo", "lr": 0.0002}
+    assert parse_params(data).algorithms["grpo_kl"].lr == 0.0002
+
+
+# --- load_params ------------------------------------------------------------------------------------
+
+
+def test_load_params_applies_dotted_overrides(tmp_path):
+    p = load_params(PARAMS, overrides={"sft.lr": 0.001, "seed": 3, "algorithms.grpo.samples_per_prompt": 8})
+    assert (p.sft.lr, p.seed, p.algorithms["grpo"].samples_per_prompt) == (0.001, 3, 8)
+    assert p.sft.steps == RAW["sft"]["steps"]  # the rest of the file is kept
+    assert load_params(PARAMS).sft.lr == RAW["sft"]["lr"]  # the file itself is not changed
+    with pytest.raises(ConfigError, match=r"sft\.lrr: unknown key"):
+        load_params(PARAMS, overrides={"sft.lrr": 0.1})
+    with pytest.raises(ConfigError, match=r"sft\.lr: .*'x'"):
+        load_params(PARAMS, overrides={"sft.lr": "x"})
+    # an override may create a section the file leaves out (defaults fill the rest)
+    f = tmp_path / "p.yaml"
+    f.write_text("seed: 1\n")
+    assert load_params(f, overrides={"evaluate.max_samples": 5}).evaluate.max_samples == 5
+    # ... or fill a section whose keys are all commented out (YAML null)
+    (tmp_path / "e.yaml").write_text("sft:\n  # lr: 0.1\n")
+    assert load_params(tmp_path / "e.yaml", overrides={"sft.lr": 0.25}).sft.lr == 0.25
+    with pytest.raises(ConfigError, match=r"sft: Input should be a valid dictionary.*\(got None\)"):
+        load_params(tmp_path / "e.yaml")
+    # an override through a key that is not a section is a ConfigError naming both, not a TypeError
+    with pytest.raises(ConfigError, match=r"override seed\.x: seed is 1, not a section"):
+        load_params(f, overrides={"seed.x": 1})
+    with pytest.raises(ConfigError, match=r"override algorithms\.grpo\.lr\.x: algorithms\.grpo\.lr is 0\.0001"):
+        load_params(PARAMS, overrides={"algorithms.grpo.lr.x": 1})
+
+
+def test_load_params_errors_name_the_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=r"nope\.yaml: params file not found"):
+        load_params(missing)
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path)  # a directory is not a params file
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=r"list\.yaml: top level must be a mapping, got list"):
+        load_params(lst)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="got int"):
+        load_params(scalar)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("sft: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML"):
+        load_params(broken)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sft:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"^.*bad\.yaml: sft\.lrr: unknown key \(got 0\.1\)$"):
+        load_params(bad)
+
+
+def test_empty_file_gives_the_defaults(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    assert load_params(empty) == Params()
