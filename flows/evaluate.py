@@ -12,6 +12,7 @@ import time
 import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from transformers import AutoTokenizer
 
 from flows import REPO
 from flows._stage import StageError, mlflow_run, read_params, stage_main
@@ -33,8 +34,6 @@ def model_dir(name: str):
 
 @task(cache_policy=NO_CACHE)
 def greedy_rollout(params: Params, model: str, rows: list[dict]) -> list[dict]:
-    from transformers import AutoTokenizer
-
     spec = get_task(params.task)
     path = model_dir(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -82,7 +81,8 @@ def evaluate_flow(params: Params, model: str) -> dict[str, float]:
         metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in steps))
         write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
         mlflow.log_metrics({f"eval/{k}": v for k, v in metrics.items()})
-        mlflow.log_text(render_samples(steps, limit=20), f"samples/eval_{model}.md")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
+        mlflow.log_text(render_samples(steps, limit=20, tokenizer=tokenizer), f"samples/eval_{model}.md")
     print(
         f"evaluate {model} on {split} ({len(df)} rows): accuracy {metrics['accuracy']:.3f}, "
         f"mean turns {metrics['mean_turns']:.2f}, valid tool calls {metrics['valid_tool_call_rate']:.3f}, "

@@ -160,6 +160,10 @@ class Service:
     log: Path | None = None  # None: its output is echoed with a "[name] " prefix (and to echo_log)
     echo_log: Path | None = None
     stop_signal: int = signal.SIGTERM  # first signal of a stop; SIGKILL follows after the grace period
+    signal_leader: bool = False  # send stop_signal to the leader only (it stops its own children)
+    # SIGTERM these children of the leader first and give them the grace period to finish (flow runs:
+    # their engine turns SIGTERM into an exception, so they stop their `dvc exp run` and report it)
+    stop_children_first: Callable[[object], bool] | None = None
     started_at: float = 0.0
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -214,7 +218,7 @@ def _descendants(pid: int) -> list:
 
 
 def stop_services(
-    services: Sequence[Service], grace: float = 15.0, say: Callable[[str], None] = print, known: Sequence = ()
+    services: Sequence[Service], grace: float = 25.0, say: Callable[[str], None] = print, known: Sequence = ()
 ) -> None:
     """Stop ``services`` in the given order: SIGTERM to each group, SIGKILL after ``grace``; then kill
     every process that belonged to them and is still alive (also ones that left their group, and the
@@ -226,17 +230,25 @@ def stop_services(
     for s in services:
         if s.proc is None:
             continue
-        say(f"stopping {s.name} (pid {s.proc.pid})")
+        say(f"{time.strftime('%H:%M:%S')} stopping {s.name} (pid {s.proc.pid})")
+        if s.stop_children_first is not None:
+            _stop_children(s, grace, say)
         for sig, wait in ((s.stop_signal, grace), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(s.proc.pid, sig)
-            end = time.monotonic() + wait
+                if s.signal_leader and sig != signal.SIGKILL:
+                    os.kill(s.proc.pid, sig)
+                else:
+                    os.killpg(s.proc.pid, sig)
+            t0 = time.monotonic()
+            end = t0 + wait
             while time.monotonic() < end and _group_alive(s.proc):
+                if s.proc.returncode is not None:  # the leader is done: stragglers get 3 s, not the grace
+                    end = min(end, time.monotonic() + 3.0)
                 time.sleep(0.1)
             if not _group_alive(s.proc):
                 break
             if sig != signal.SIGKILL:
-                say(f"{s.name} did not stop within {grace:.0f} s: killing it")
+                say(f"{s.name} did not stop within {time.monotonic() - t0:.0f} s: killing it")
     left = []
     for p in tree.values():
         with contextlib.suppress(psutil.Error):
@@ -248,6 +260,28 @@ def stop_services(
     psutil.wait_procs(left, timeout=5)
     if left:
         say(f"killed {len(left)} leftover process(es): {sorted(p.pid for p in left)}")
+
+
+def _stop_children(s: Service, grace: float, say: Callable[[str], None]) -> None:
+    import psutil
+
+    try:
+        kids = [c for c in psutil.Process(s.proc.pid).children() if s.stop_children_first(c)]
+    except psutil.Error:
+        return
+    for c in kids:
+        say(f"{time.strftime('%H:%M:%S')} stopping {s.name}'s child {c.pid} (a flow run)")
+        with contextlib.suppress(psutil.Error):
+            c.terminate()
+    psutil.wait_procs(kids, timeout=grace)
+
+
+def is_flow_run_process(p) -> bool:
+    """Prefect 3.7's runner starts each flow run as a multiprocessing 'spawn' child."""
+    try:
+        return "multiprocessing.spawn" in " ".join(p.cmdline())
+    except Exception:  # noqa: BLE001 - gone or not ours
+        return False
 
 
 def _group_alive(proc: subprocess.Popen) -> bool:
@@ -299,10 +333,13 @@ def service_specs(
         Service("prefect", [sys.executable, "-m", "prefect", "server", "start",
                             "--host", ep.host, "--port", str(ep.prefect_port)], base,
                 ready_url=ep.health["prefect"], log=repo / ".prefect" / "server.log"),
-        # SIGINT: Prefect's runner shuts down cleanly on it (its SIGTERM path warns about an un-awaited stop)
-        # the deployment's record outlives `start`: ready once this runner has re-registered it
+        # Ready once this runner has re-registered the deployment (its record outlives `start`).
+        # Stopped in two steps: SIGTERM to its flow runs (each stops its `dvc exp run`, removes its clone
+        # and reports Crashed), then SIGINT to the runner alone, which pauses the schedules (its SIGTERM
+        # path warns about an un-awaited stop; a group-wide SIGINT left it waiting on a running flow run).
         Service("deployment", deploy, deploy_env, ready_url=ep.deployment_api(), fresh=True,
-                echo_log=repo / ".prefect" / "deployment.log", stop_signal=signal.SIGINT),
+                echo_log=repo / ".prefect" / "deployment.log", stop_signal=signal.SIGINT, signal_leader=True,
+                stop_children_first=is_flow_run_process),
     ]
 
 
@@ -336,7 +373,7 @@ def start(
     overrides: Sequence[str] = (),
     limit: int = 1,
     timeout: float = 240.0,
-    grace: float = 15.0,
+    grace: float = 25.0,
     repo: Path = REPO,
     state_path: Path = STATE,
     services: list[Service] | None = None,
@@ -376,6 +413,7 @@ def start(
             for p in _descendants(root):
                 if p.pid != os.getpid():
                     known.setdefault(p.pid, p)
+
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
     def wait_ready(group: list[Service]) -> None:

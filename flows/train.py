@@ -262,7 +262,7 @@ def _iteration(params: Params, algo: str, k: int, run: str) -> dict:
     metrics["perf/tokens_per_s"] = metrics["perf/generated_tokens"] / max(timing["rollout"], 1e-9)
     d = iter_dir(algo, k)
     steps = pl.read_parquet(rollouts).to_dicts()
-    write_text(render_samples(steps, limit=8), d / "samples.md")
+    write_text(render_samples(steps, limit=8, tokenizer=session.tokenizer), d / "samples.md")
     write_json(metrics, d / "metrics.json")
     write_json({"iteration": k}, d / "done.json")
     finished = sorted(p for p in run_dir(algo).glob("iter_*") if (p / "done.json").is_file())

@@ -402,7 +402,7 @@ def test_supervisor_stops_every_process_on_sigterm(tmp_path):
     assert proc.returncode == 0, out
     assert "services are up" in out and "all steprl services stopped" in out
     # stop order: the deployment first, MLflow last
-    assert out.index("stopping deployment") < out.index("stopping prefect") < out.index("stopping mlflow")
+    assert out.index(" stopping deployment") < out.index(" stopping prefect") < out.index(" stopping mlflow")
     assert not [p for p in pids if _alive(p)]
     assert not (tmp_path / "serve.json").exists()
 

@@ -169,23 +169,48 @@ def test_stage_flows_reported_to_the_prefect_server(service, scheduled):
     assert {r["state_type"] for r in runs} == {"COMPLETED"} and len(runs) >= 2
 
 
-def test_status_then_clean_stop(service, scheduled):
+def test_status_then_ctrl_c_during_a_run_leaves_nothing_behind(service, scheduled):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     ws, proc = service["ws"], service["proc"]
     status = run([sys.executable, "-m", "flows.serve", "status"], ws, check=False)
     assert status.returncode == 0, status.stdout
     assert service["prefect"] in status.stdout and service["mlflow"] in status.stdout and "READY" in status.stdout
-    tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]
-    assert len(tree) >= 4  # supervisor, MLflow (+ its uvicorn), Prefect server, deployment
+
+    with temporary_settings({PREFECT_API_URL: f"{service['prefect']}/api"}):
+        run_deployment("pipeline/steprl", timeout=0, parameters={
+            "experiment_name": "interrupted", "targets": ["base_model"], "overrides": ["prepare.n_train=39"]})
+    supervisor = psutil.Process(proc.pid)
+    t0 = time.monotonic()
+    while not any("interrupted" in " ".join(p.cmdline()) for p in supervisor.children(recursive=True)
+                  if p.is_running()):
+        assert time.monotonic() - t0 < 300, "the second run's `dvc exp run` never started"
+        time.sleep(0.5)
+    time.sleep(5)  # let it get into a stage
+    tree = [supervisor, *supervisor.children(recursive=True)]
+    names = " ".join(" ".join(p.cmdline()) for p in tree if p.is_running())
+    assert "exp run" in names and "mlflow" in names and "prefect" in names  # the whole tree, run included
+
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)  # Ctrl-C
-    assert proc.wait(timeout=120) == 0
-    print(f"stopped in {time.monotonic() - t0:.1f} s")
+    assert proc.wait(timeout=180) == 0
+    print(f"stopped during a run in {time.monotonic() - t0:.1f} s")
     time.sleep(0.5)
-    left = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = []
+    for p in tree:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(p.cmdline())[:120])
+        except psutil.NoSuchProcess:
+            pass
     assert not left, left
     assert all(port_free("127.0.0.1", p) for p in service["ports"])
     assert not (ws / ".prefect" / "serve.json").exists()
-    assert "all steprl services stopped" in (ws / "serve.out").read_text()
+    out = (ws / "serve.out").read_text()
+    assert "all steprl services stopped" in out and "Execution was aborted by a termination signal" in out
+    assert not list((ws / ".dvc" / "tmp" / "steprl-runs").glob("*"))  # the interrupted run removed its clone
+    assert "interrupted" not in _exp_rows(ws)
 
 
 def test_workspace_baseline_runs_the_workspace_as_it_is_in_a_temp_dir(service, scheduled):
