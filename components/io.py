@@ -10,46 +10,37 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import polars as pl
 
 
-def _tmp_sibling(path: Path) -> Path:
+def tmp_sibling(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     return Path(tmp)
 
 
-def write_parquet(df: pl.DataFrame, path: str | Path) -> Path:
+def write_atomic(path: str | Path, write: Callable[[Path], Any]) -> Path:
+    """Call ``write(tmp)`` on a temporary sibling of ``path``, then rename it to ``path``."""
     path = Path(path)
-    tmp = _tmp_sibling(path)
+    tmp = tmp_sibling(path)
     try:
-        df.write_parquet(tmp)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_parquet(df: pl.DataFrame, path: str | Path) -> Path:
+    return write_atomic(path, df.write_parquet)
 
 
 def write_json(obj: Any, path: str | Path) -> Path:
-    path = Path(path)
-    tmp = _tmp_sibling(path)
-    try:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n"))
 
 
 def write_text(text: str, path: str | Path) -> Path:
-    path = Path(path)
-    tmp = _tmp_sibling(path)
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_atomic(path, lambda tmp: tmp.write_text(text))

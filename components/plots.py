@@ -10,8 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from components.io import _tmp_sibling  # noqa: E402
-import os  # noqa: E402
+from components.io import write_atomic  # noqa: E402
 
 
 def line_chart(
@@ -24,7 +23,6 @@ def line_chart(
     baseline: tuple[str, float] | None = None,
 ) -> Path:
     """One line per series name -> (x, y); an optional horizontal baseline (label, y). Atomic write."""
-    path = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for name, (x, y) in series.items():
         ax.plot(list(x), list(y), marker="o" if len(x) < 30 else None, markersize=3, label=name)
@@ -35,11 +33,7 @@ def line_chart(
     if series or baseline:
         ax.legend()
     fig.tight_layout()
-    tmp = _tmp_sibling(path)
     try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return path
