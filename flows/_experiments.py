@@ -372,6 +372,18 @@ def _remove_stale_runs(repo: Path) -> None:
             continue
 
 
+def _share_cache(repo: Path, run_dir: Path) -> None:
+    """The clone's local DVC config: the repo's own (remotes, ...) with cache.dir = the repo's cache."""
+    from configobj import ConfigObj
+
+    local = repo / ".dvc" / "config.local"
+    if local.is_file():
+        shutil.copy2(local, run_dir / ".dvc" / "config.local")
+    conf = ConfigObj(str(run_dir / ".dvc" / "config.local"))
+    conf.setdefault("cache", {})["dir"] = _cache_dir(repo)
+    conf.write()
+
+
 @contextlib.contextmanager
 def _head_clone(repo: Path, rev: str, name: str) -> Iterator[Path]:
     """A private clone of ``repo`` at ``rev`` that shares the repo's DVC cache; removed afterwards."""
@@ -382,11 +394,7 @@ def _head_clone(repo: Path, rev: str, name: str) -> Iterator[Path]:
         _git(repo, "clone", "--quiet", "--shared", "--no-checkout", str(repo), str(run_dir))
         (run_dir / ".steprl-owner").write_text(f"{os.getpid()}\n")
         _git(run_dir, "checkout", "--quiet", "--detach", rev)
-        local = repo / ".dvc" / "config.local"
-        if local.is_file():
-            shutil.copy2(local, run_dir / ".dvc" / "config.local")
-        with open(run_dir / ".dvc" / "config.local", "a") as f:
-            f.write(f"\n[cache]\n    dir = {_cache_dir(repo)}\n")
+        _share_cache(repo, run_dir)
         yield run_dir
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

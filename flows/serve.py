@@ -569,6 +569,22 @@ def _endpoints_for_status(args: dict) -> Endpoints:
     return resolve_endpoints(args.get("host"), args.get("prefect_port"), args.get("mlflow_port"))
 
 
+def check_schedule(cron: str | None, interval: float | None) -> None:
+    """A schedule the deployment will accept, checked before anything starts."""
+    if cron and interval:
+        raise ServeError("give --cron or --interval, not both")
+    if interval is not None and not interval > 0:
+        raise ServeError(f"--interval {interval:g}: must be a positive number of seconds")
+    if cron:
+        from prefect.client.schemas.schedules import CronSchedule
+
+        try:
+            CronSchedule(cron=cron)
+        except ValueError as err:
+            why = err.errors()[0]["msg"] if hasattr(err, "errors") else str(err)
+            raise ServeError(f"--cron {cron!r} is not a valid cron expression ({why})") from None
+
+
 def _become_subreaper() -> bool:
     """Linux: processes orphaned below us are re-parented to us instead of init (PR_SET_CHILD_SUBREAPER)."""
     try:
@@ -608,8 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.pop("command")
     try:
         if command == "start":
-            if args["cron"] and args["interval"]:
-                raise ServeError("give --cron or --interval, not both")
+            check_schedule(args["cron"], args["interval"])
             ep = resolve_endpoints(args["host"], args["prefect_port"], args["mlflow_port"])
             subreaper = _become_subreaper()  # orphans of our children stay ours to stop
             return start(ep, cron=args["cron"], interval=args["interval"], overrides=args["overrides"],

@@ -445,3 +445,38 @@ def test_stop_services_on_processes_that_ignore_sigterm(tmp_path):
     assert time.monotonic() - t0 < 10
     assert stubborn.proc.poll() is not None
     assert any("did not stop within 1 s" in s for s in said)
+
+
+@pytest.mark.parametrize(
+    ("cron", "interval", "needle"),
+    [("0 3 * * *", 5.0, "not both"), (None, 0.0, "positive"), (None, -3.0, "positive"),
+     ("every night", None, "not a valid cron"), ("61 * * * *", None, "not a valid cron")],
+)
+def test_bad_schedules_fail_before_anything_starts(cron, interval, needle):
+    with pytest.raises(ServeError, match=needle):
+        serve.check_schedule(cron, interval)
+    args = ["start", "--prefect-port", "1", "--mlflow-port", "2"]
+    args += (["--cron", cron] if cron else []) + (["--interval", str(interval)] if interval is not None else [])
+    assert serve.main(args) == 2  # ports 1 and 2 are never bound: the schedule is checked first
+
+
+def test_good_schedules_pass():
+    serve.check_schedule("0 3 * * *", None)
+    serve.check_schedule(None, 3600.0)
+    serve.check_schedule(None, None)
+
+
+def test_clone_shares_the_repo_cache_and_keeps_its_local_config(tmp_path, monkeypatch):
+    import flows._experiments as experiments
+
+    monkeypatch.setattr(experiments, "_cache_dir", lambda repo: "/abs/cache")
+    repo, clone, bare = tmp_path / "repo", tmp_path / "clone", tmp_path / "bare"
+    for d in (repo, clone, bare):
+        (d / ".dvc").mkdir(parents=True)
+    (repo / ".dvc" / "config.local").write_text("[cache]\n    type = symlink\n    dir = ../elsewhere\n[core]\n    remote = x\n")
+    experiments._share_cache(repo, clone)
+    text = (clone / ".dvc" / "config.local").read_text()
+    assert text.count("[cache]") == 1 and "dir = /abs/cache" in text and "elsewhere" not in text
+    assert "type = symlink" in text and "remote = x" in text
+    experiments._share_cache(tmp_path / "no-local-config", bare)
+    assert (bare / ".dvc" / "config.local").read_text().split() == ["[cache]", "dir", "=", "/abs/cache"]
