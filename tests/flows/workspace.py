@@ -45,7 +45,7 @@ def make_workspace(root: Path, overrides: dict | None = None) -> Path:
         dst = root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, dst)
-    for junk in ("dvc.lock", "metrics", "plots"):
+    for junk in ("dvc.lock", "metrics", "plots", "reports"):  # results committed from a real run
         p = root / junk
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     params = yaml.safe_load((root / "params.yaml").read_text())
