@@ -38,6 +38,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from components.marker import MARKER_FILE, MARKER_FORMAT, incomplete_reason
+
 __all__ = [
     "MARKER_FILE",
     "CheckpointError",
@@ -47,8 +49,6 @@ __all__ = [
     "save_hf",
 ]
 
-MARKER_FILE = "steprl_complete.json"
-_MARKER_FORMAT = "steprl-hf-checkpoint/1"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
@@ -161,7 +161,7 @@ def save_hf(
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         files = _fsync_tree(tmp)
-        marker = {"format": _MARKER_FORMAT, "files": files, "metadata": meta}
+        marker = {"format": MARKER_FORMAT, "files": files, "metadata": meta}
         with open(tmp / MARKER_FILE, "w") as fh:
             json.dump(marker, fh, indent=1, sort_keys=True)
             fh.flush()
@@ -184,32 +184,9 @@ def save_hf(
     return out
 
 
-def _incomplete_reason(path: Path) -> str | None:
-    """Why ``path`` is not a complete steprl checkpoint, or None if it is."""
-    if not path.is_dir():
-        return "it does not exist" if not path.exists() else "it is not a directory"
-    marker_path = path / MARKER_FILE
-    if not marker_path.is_file():
-        return f"it has no {MARKER_FILE} (the write was interrupted, or it was not written by save_hf)"
-    try:
-        marker = json.loads(marker_path.read_text())
-        files = marker["files"]
-        if marker.get("format") != _MARKER_FORMAT or not isinstance(files, dict):
-            raise ValueError(f"unknown format {marker.get('format')!r}")
-    except (ValueError, KeyError, TypeError) as err:
-        return f"its {MARKER_FILE} is unreadable ({err})"
-    for name, size in files.items():
-        f = path / name
-        if not f.is_file():
-            return f"file {name} listed in {MARKER_FILE} is missing"
-        if f.stat().st_size != size:
-            return f"file {name} has {f.stat().st_size} bytes, {MARKER_FILE} says {size}"
-    return None
-
-
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
     """True when ``path`` holds a checkpoint written to the end by :func:`save_hf`."""
-    return _incomplete_reason(Path(path)) is None
+    return incomplete_reason(Path(path)) is None
 
 
 def _hf_weights_reason(path: Path) -> str | None:
@@ -239,7 +216,7 @@ def load_hf(
     """
     p = Path(path).absolute()
     if require_marker:
-        reason = _incomplete_reason(p)
+        reason = incomplete_reason(p)
     elif not p.is_dir():
         reason = "it does not exist" if not p.exists() else "it is not a directory"
     elif not (p / "config.json").is_file():

@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from components.marker import MARKER_FILE, MARKER_FORMAT, incomplete_reason
+
 __all__ = [
     "MARKER_FILE",
     "MARKER_FORMAT",
@@ -53,8 +55,6 @@ __all__ = [
     "load_engine_state",
 ]
 
-MARKER_FILE = "steprl_complete.json"
-MARKER_FORMAT = "steprl-hf-checkpoint/1"  # shared with components.model.tiny
 DS_SUBDIR = "ds"
 _DS_TAG = "state"
 _CLIENT_KEY = "steprl_client_state"  # DeepSpeed returns its own keys too; ours live under this one
@@ -200,38 +200,15 @@ def save_checkpoint(
     return out
 
 
-def _incomplete_reason(path: Path) -> str | None:
-    """Why ``path`` is not a complete checkpoint, or None if it is."""
-    if not path.is_dir():
-        return "it does not exist" if not path.exists() else "it is not a directory"
-    marker_path = path / MARKER_FILE
-    if not marker_path.is_file():
-        return f"it has no {MARKER_FILE} (the write was interrupted, or it is not a steprl checkpoint)"
-    try:
-        marker = json.loads(marker_path.read_text())
-        files = marker["files"]
-        if marker.get("format") != MARKER_FORMAT or not isinstance(files, dict):
-            raise ValueError(f"unknown format {marker.get('format')!r}")
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        return f"its {MARKER_FILE} is unreadable ({err})"
-    for name, size in files.items():
-        f = path / name
-        if not f.is_file():
-            return f"file {name} listed in {MARKER_FILE} is missing"
-        if f.stat().st_size != size:
-            return f"file {name} has {f.stat().st_size} bytes, {MARKER_FILE} says {size}"
-    return None
-
-
 def is_complete(path: str | os.PathLike) -> bool:
     """True when ``path`` is a checkpoint written to the end (marker present, every file intact)."""
-    return _incomplete_reason(Path(path).absolute()) is None
+    return incomplete_reason(Path(path).absolute()) is None
 
 
 def check_complete(path: str | os.PathLike) -> Path:
     """``path`` as an absolute Path if complete; else :class:`CheckpointError` naming it and why."""
     p = Path(path).absolute()
-    reason = _incomplete_reason(p)
+    reason = incomplete_reason(p)
     if reason is not None:
         raise CheckpointError(f"checkpoint {p} is not usable: {reason}")
     return p
