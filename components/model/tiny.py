@@ -38,7 +38,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from components.marker import MARKER_FILE, MARKER_FORMAT, incomplete_reason
+from components.marker import MARKER_FILE, CheckpointError, check_target, incomplete_reason, seal
 
 __all__ = [
     "MARKER_FILE",
@@ -50,10 +50,6 @@ __all__ = [
 ]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be loaded; the message names the directory and the reason."""
 
 
 def build_tiny_model(
@@ -118,24 +114,6 @@ def build_tiny_model(
     return model
 
 
-def _fsync_tree(root: Path) -> dict[str, int]:
-    """fsync every file under ``root``; return {relative posix path: size in bytes}."""
-    files: dict[str, int] = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        with open(path, "rb") as fh:
-            os.fsync(fh.fileno())
-        files[path.relative_to(root).as_posix()] = path.stat().st_size
-    return files
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_hf(
     model: PreTrainedModel, tokenizer: Any, out_dir: str | os.PathLike, *, metadata: dict | None = None
 ) -> Path:
@@ -146,13 +124,7 @@ def save_hf(
     or a ``config.json``), so a wrong path cannot wipe an unrelated directory.
     """
     out = Path(out_dir).absolute()
-    if out.exists():
-        if not out.is_dir():
-            raise CheckpointError(f"cannot save checkpoint to {out}: it exists and is not a directory")
-        if any(out.iterdir()) and not ((out / MARKER_FILE).exists() or (out / "config.json").exists()):
-            raise CheckpointError(
-                f"refusing to replace {out}: it is a non-empty directory that is not a checkpoint"
-            )
+    check_target(out)
     meta = json.loads(json.dumps(metadata or {}))  # fail before writing anything if not JSON-able
     out.parent.mkdir(parents=True, exist_ok=True)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -160,24 +132,7 @@ def save_hf(
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        files = _fsync_tree(tmp)
-        marker = {"format": MARKER_FORMAT, "files": files, "metadata": meta}
-        with open(tmp / MARKER_FILE, "w") as fh:
-            json.dump(marker, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-        old = out.parent / f".{out.name}.old-{tag}"
-        if out.exists():
-            os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            if old.exists() and not out.exists():
-                os.rename(old, out)
-            raise
-        _fsync_dir(out.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        seal(tmp, out, out.parent / f".{out.name}.old-{tag}", meta)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

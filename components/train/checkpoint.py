@@ -40,7 +40,14 @@ from typing import Any
 
 import torch
 
-from components.marker import MARKER_FILE, MARKER_FORMAT, incomplete_reason
+from components.marker import (
+    MARKER_FILE,
+    MARKER_FORMAT,
+    CheckpointError,
+    check_target,
+    incomplete_reason,
+    seal,
+)
 
 __all__ = [
     "MARKER_FILE",
@@ -60,10 +67,6 @@ _DS_TAG = "state"
 _CLIENT_KEY = "steprl_client_state"  # DeepSpeed returns its own keys too; ours live under this one
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be written or used; the message names the directory and the reason."""
-
-
 def _rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -81,41 +84,6 @@ def _broadcast_str(value: str) -> str:
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _file_sizes(root: Path) -> dict[str, int]:
-    """fsync every file under ``root``; return {relative posix path: size in bytes}."""
-    sizes = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        _fsync_file(path)
-        sizes[path.relative_to(root).as_posix()] = path.stat().st_size
-    for sub in sorted(p for p in root.rglob("*") if p.is_dir()):
-        _fsync_dir(sub)
-    return sizes
-
-
-def _check_target(out: Path) -> None:
-    if out.exists():
-        if not out.is_dir():
-            raise CheckpointError(f"cannot save checkpoint to {out}: it exists and is not a directory")
-        looks_like_checkpoint = (out / MARKER_FILE).exists() or (out / "config.json").exists()
-        if any(out.iterdir()) and not looks_like_checkpoint:
-            raise CheckpointError(
-                f"refusing to replace {out}: it is a non-empty directory that is not a checkpoint"
-            )
 
 
 def _gathered(engine: Any) -> contextlib.AbstractContextManager:
@@ -151,7 +119,7 @@ def save_checkpoint(
     if client_state is not None and not save_engine_state:
         raise CheckpointError(f"client_state given for {out_dir} but save_engine_state=False would drop it")
     out = Path(out_dir).absolute()
-    _check_target(out)  # every rank sees the same filesystem: all raise, or none does
+    check_target(out)  # every rank sees the same filesystem: all raise, or none does
     try:
         meta = json.loads(json.dumps(metadata or {}))
     except (TypeError, ValueError) as err:
@@ -176,22 +144,7 @@ def save_checkpoint(
             )
         _barrier()
         if rank == 0:
-            marker = {"format": MARKER_FORMAT, "files": _file_sizes(tmp), "metadata": meta}
-            with open(tmp / MARKER_FILE, "w") as fh:
-                json.dump(marker, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            _fsync_dir(tmp)
-            if out.exists():
-                os.rename(out, old)
-            try:
-                os.rename(tmp, out)
-            except BaseException:
-                if old.exists() and not out.exists():
-                    os.rename(old, out)
-                raise
-            _fsync_dir(out.parent)
-            shutil.rmtree(old, ignore_errors=True)
+            seal(tmp, out, old, meta)
         _barrier()
     except BaseException:
         if rank == 0:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, ViTConfig
 
+import components.marker as marker
 import components.model.tiny as tiny
 from components.model.tiny import (
     MARKER_FILE,
@@ -151,7 +152,7 @@ def test_crash_while_replacing_keeps_the_old_checkpoint(tok, model, tmp_path, mo
     def crash_after_weights(_tmp):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tiny, "_fsync_tree", crash_after_weights)
+    monkeypatch.setattr(marker, "file_sizes", crash_after_weights)
     with pytest.raises(OSError, match="disk full"):
         save_hf(newer, tok, target, metadata={"step": 2})
     monkeypatch.undo()
