@@ -13,19 +13,12 @@ import torch
 
 from components.algos import get_advantage_estimator
 from components.algos.kl import kl_reward
+from components.train.policy import pad_rows
 
 
 def _index(values: Sequence[str]) -> torch.Tensor:
     ids: dict[str, int] = {}
     return torch.tensor([ids.setdefault(v, len(ids)) for v in values], dtype=torch.long)
-
-
-def _pad(seqs: Sequence[Sequence[float]], L: int) -> torch.Tensor:
-    out = torch.zeros(len(seqs), L)
-    for i, s in enumerate(seqs):
-        if len(s):
-            out[i, : len(s)] = torch.tensor(list(s), dtype=torch.float32)
-    return out
 
 
 def compute_advantages(
@@ -44,16 +37,16 @@ def compute_advantages(
     ``ref_logprobs`` (KL in reward)."""
     est = get_advantage_estimator(estimator)
     L = max(max(len(r["response_ids"]) for r in rows), 1)
-    mask = _pad([[1.0] * len(r["response_ids"]) for r in rows], L)  # (B, L)
+    mask = pad_rows([[1.0] * len(r["response_ids"]) for r in rows], L)  # (B, L)
     rewards: torch.Tensor = torch.tensor([float(r["reward"]) for r in rows])  # (B,)
     if kl_in_reward and kl_coef > 0:
         rewards = kl_reward(
-            rewards=rewards, response_mask=mask, logp=_pad([r["old_logprobs"] for r in rows], L),
-            ref_logp=_pad([r["ref_logprobs"] for r in rows], L), kind=kl_kind, coef=kl_coef,
+            rewards=rewards, response_mask=mask, logp=pad_rows([r["old_logprobs"] for r in rows], L),
+            ref_logp=pad_rows([r["ref_logprobs"] for r in rows], L), kind=kl_kind, coef=kl_coef,
         )  # (B, L) token rewards
     values = None
     if est.critic == "token":
-        values = _pad([r["values"] for r in rows], L)
+        values = pad_rows([r["values"] for r in rows], L)
     elif est.critic == "step":
         values = torch.tensor([float(r["values"][0]) for r in rows])
     obs_index = _index([f"{r['group_id']}|{r.get('obs_key', r['step'])}" for r in rows]) if est.needs_obs_index else None

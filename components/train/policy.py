@@ -31,6 +31,15 @@ class TokenBatch:
         return TokenBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
 
+def pad_rows(seqs: Sequence[Sequence[float]], L: int) -> Tensor:
+    """Per-row float lists right-padded with 0 into a (B, L) tensor."""
+    out = torch.zeros(len(seqs), L)
+    for i, s in enumerate(seqs):
+        if len(s):
+            out[i, : len(s)] = torch.tensor(list(s), dtype=torch.float32)
+    return out
+
+
 def make_token_batch(
     prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int
 ) -> TokenBatch:

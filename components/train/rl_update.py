@@ -24,7 +24,7 @@ from components.algos import aggregate_loss, get_policy_loss, loss_normalisers
 from components.algos.kl import kl_penalty
 from components.algos.losses import value_loss
 from components.train.engine import train_step
-from components.train.policy import TokenBatch, critic_values, make_token_batch, response_logprobs
+from components.train.policy import TokenBatch, critic_values, make_token_batch, pad_rows, response_logprobs
 
 
 @dataclass
@@ -35,14 +35,6 @@ class StepTensors:
     ref_logp: Tensor | None  # (B, L)
     returns: Tensor  # (B, L) per token, or (B,) per step
     old_values: Tensor | None  # same shape as returns
-
-
-def _pad(seqs: Sequence[Sequence[float]], L: int) -> Tensor:
-    out = torch.zeros(len(seqs), L)
-    for i, s in enumerate(seqs):
-        if len(s):
-            out[i, : len(s)] = torch.tensor(list(s), dtype=torch.float32)
-    return out
 
 
 def step_tensors(rows: Sequence[dict[str, Any]], pad_id: int, per_step_values: bool) -> StepTensors:
@@ -56,13 +48,13 @@ def step_tensors(rows: Sequence[dict[str, Any]], pad_id: int, per_step_values: b
         returns = torch.tensor([float(r["returns"][0]) if len(r["returns"]) else 0.0 for r in rows])
         old_values = torch.tensor([float(r["values"][0]) for r in rows]) if has_values else None
     else:
-        returns = _pad([r["returns"] for r in rows], L)
-        old_values = _pad([r["values"] for r in rows], L) if has_values else None
+        returns = pad_rows([r["returns"] for r in rows], L)
+        old_values = pad_rows([r["values"] for r in rows], L) if has_values else None
     return StepTensors(
         batch=batch,
-        advantages=_pad([r["advantages"] for r in rows], L),
-        old_logp=_pad([r["old_logprobs"] for r in rows], L),
-        ref_logp=_pad([r["ref_logprobs"] for r in rows], L) if has_ref else None,
+        advantages=pad_rows([r["advantages"] for r in rows], L),
+        old_logp=pad_rows([r["old_logprobs"] for r in rows], L),
+        ref_logp=pad_rows([r["ref_logprobs"] for r in rows], L) if has_ref else None,
         returns=returns,
         old_values=old_values,
     )
