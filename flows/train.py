@@ -112,7 +112,7 @@ def score(algo: str, k: int, rollouts: str, run: str) -> str:
 def advantage(algo: str, k: int, scored: str, policy: str, params: Params, run: str) -> str:
     """Old/reference log-probs and critic values, then the estimator: batch.parquet."""
     t, parts = params.train, resolved(params, algo)
-    rows = _SESSION[algo].annotate(pl.read_parquet(scored).to_dicts())
+    rows = _SESSION[algo].annotate(pl.read_parquet(scored).to_dicts(), temperature=t.temperature)
     rows = compute_advantages(rows, estimator=parts["estimator"], gamma=t.gamma, lam=t.lam,
                               kl_coef=t.kl_coef, kl_kind=t.kl_kind, kl_in_reward=t.kl_in_reward)
     return str(write_parquet(pl.DataFrame(rows, infer_schema_length=None), iter_dir(algo, k) / "batch.parquet"))
@@ -131,7 +131,8 @@ def update(algo: str, k: int, batch: str, policy: str, params: Params, run: str)
         actor_kw=dict(policy_loss=parts["policy_loss"], loss_agg=parts["loss_agg"], clip_low=a.clip_low,
                       clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c,
                       kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_kind=t.kl_kind,
-                      entropy_coef=t.entropy_coef, norm_const=float(params.rollout.max_response_len), **common),
+                      entropy_coef=t.entropy_coef, norm_const=float(params.rollout.max_response_len),
+                      temperature=t.temperature, **common),
         critic_kw=dict(value_clip=t.value_clip, **common),
     )
     ckpt = _SESSION[algo].save(iter_dir(algo, k) / "checkpoint", metadata={"iteration": k, "algo": algo})

@@ -24,7 +24,7 @@ from components.train.checkpoint import load_engine_state, save_checkpoint
 from components.train.critic import build_critic, load_critic
 from components.train.engine import build_engine
 from components.train.policy import critic_values, make_token_batch, response_logprobs
-from components.train.rl_update import actor_update, critic_update
+from components.train.rl_update import actor_update, critic_update, trajectory_chunks
 
 
 @dataclass(frozen=True)
@@ -78,15 +78,17 @@ class RLSession:
 
     # --- what the estimator and losses read ---------------------------------------------------------
     @torch.no_grad()
-    def annotate(self, rows: Sequence[dict], batch_size: int = 32) -> list[dict]:
-        """Rows + ``old_logprobs`` (actor now), ``ref_logprobs`` (reference) and critic ``values``."""
-        out = []
+    def annotate(self, rows: Sequence[dict], *, temperature: float = 1.0, batch_size: int = 32) -> list[dict]:
+        """Rows + ``old_logprobs`` (actor now), ``ref_logprobs`` (reference) and critic ``values``.
+
+        Log-probs are of the sampling distribution, softmax(logits / temperature), as in the rollout."""
+        out: list[dict] = [dict(r) for r in rows]
         self.actor.eval()
-        for s in range(0, len(rows), batch_size):
-            chunk = [dict(r) for r in rows[s : s + batch_size]]
+        for idx in trajectory_chunks(rows, batch_size):
+            chunk = [out[i] for i in idx]
             batch = make_token_batch([r["prompt_ids"] for r in chunk], [r["response_ids"] for r in chunk], self.pad_id)
-            old, _ = response_logprobs(self.actor.module, batch)
-            ref = response_logprobs(self.ref, batch)[0] if self.ref is not None else None
+            old, _ = response_logprobs(self.actor.module, batch, temperature=temperature)
+            ref = response_logprobs(self.ref, batch, temperature=temperature)[0] if self.ref is not None else None
             values = None
             if self.critic is not None:
                 self.critic.eval()
@@ -101,7 +103,6 @@ class RLSession:
                     r["values"] = [float(values[i])]
                 else:
                     r["values"] = values[i, :n].tolist()
-                out.append(r)
         return out
 
     # --- update --------------------------------------------------------------------------------

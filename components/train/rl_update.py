@@ -60,17 +60,51 @@ def step_tensors(rows: Sequence[dict[str, Any]], pad_id: int, per_step_values: b
     )
 
 
-def _mini_batches(n: int, size: int, micro: int, epochs: int, seed: int) -> list[list[list[int]]]:
-    """Row indices: one list per optimizer step, holding micro-batches of at most ``micro`` rows."""
+def _fill(units: list[list[int]], size: int) -> list[list[list[int]]]:
+    """Consecutive units (lists of row indices) grouped so a group holds at most ``size`` rows; a unit
+    is never split (a unit larger than ``size`` is a group of its own)."""
+    groups: list[list[list[int]]] = []
+    rows = 0
+    for u in units:
+        if groups and rows + len(u) <= size:
+            groups[-1].append(u)
+            rows += len(u)
+        else:
+            groups.append([u])
+            rows = len(u)
+    return groups
+
+
+def _mini_batches(traj_ids: Sequence[str], size: int, micro: int, epochs: int, seed: int) -> list[list[list[int]]]:
+    """Row indices: one list per optimizer step, holding micro-batches of at most ``micro`` rows.
+
+    Trajectories are shuffled whole and a trajectory's steps stay in one micro-batch (unless it alone
+    has more than ``micro`` steps), so packing (``make_token_batch``) forwards each trajectory once.
+    """
     rng = random.Random(seed)
+    by_traj: dict[str, list[int]] = {}
+    for i, t in enumerate(traj_ids):
+        by_traj.setdefault(t, []).append(i)
     steps = []
     for _ in range(epochs):
-        order = list(range(n))
-        rng.shuffle(order)
-        for s in range(0, n, size):
-            mb = order[s : s + size]
-            steps.append([mb[j : j + micro] for j in range(0, len(mb), micro)])
+        units = list(by_traj.values())
+        rng.shuffle(units)
+        for mini in _fill(units, size):
+            steps.append([[i for u in m for i in u] for m in _fill(mini, micro)])
     return steps
+
+
+def trajectory_chunks(rows: Sequence[dict[str, Any]], size: int) -> list[list[int]]:
+    """Row indices in chunks of at most ``size`` rows, each trajectory's steps in one chunk (for packing)."""
+    by_traj: dict[str, list[int]] = {}
+    for i, t in enumerate(_traj_ids(rows)):
+        by_traj.setdefault(t, []).append(i)
+    return [[i for u in g for i in u] for g in _fill(list(by_traj.values()), size)]
+
+
+def _traj_ids(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Each row's trajectory (rows without ``traj_id`` are their own trajectory)."""
+    return [str(r["traj_id"]) if r.get("traj_id") is not None else f"row-{i}" for i, r in enumerate(rows)]
 
 
 def _mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
@@ -96,18 +130,21 @@ def actor_update(
     micro_batch_size: int,
     norm_const: float,
     seed: int,
+    temperature: float = 1.0,
 ) -> dict[str, float]:
-    """PPO epochs of the actor over ``rows``; returns metrics averaged over optimizer steps."""
+    """PPO epochs of the actor over ``rows``; returns metrics averaged over optimizer steps.
+
+    Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from."""
     loss_fn_pg = get_policy_loss(policy_loss)
     history = []
-    for plan in _mini_batches(len(rows), mini_batch_size, micro_batch_size, epochs, seed):
+    for plan in _mini_batches(_traj_ids(rows), mini_batch_size, micro_batch_size, epochs, seed):
         micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=False) for idx in plan]
         norms = loss_normalisers(response_masks=[m.batch.response_mask for m in micro], norm_const=norm_const)
         tokens = max(norms["global_tokens"], 1.0)
 
         def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
             mask = m.batch.response_mask
-            logp, entropy = response_logprobs(eng.module, m.batch, with_entropy=True)
+            logp, entropy = response_logprobs(eng.module, m.batch, temperature=temperature, with_entropy=True)
             pg, pg_metrics = loss_fn_pg(
                 logp=logp, old_logp=m.old_logp, advantages=m.advantages, response_mask=mask,
                 clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c,
@@ -145,7 +182,7 @@ def critic_update(
 ) -> dict[str, float]:
     """Clipped value regression of the critic on the stored returns (one value per step if ``per_step``)."""
     history = []
-    for plan in _mini_batches(len(rows), mini_batch_size, micro_batch_size, epochs, seed + 1):
+    for plan in _mini_batches(_traj_ids(rows), mini_batch_size, micro_batch_size, epochs, seed + 1):
         micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=per_step) for idx in plan]
         if per_step:
             count = float(sum(m.returns.numel() for m in micro))

@@ -1,0 +1,139 @@
+"""The RL update's token tensors and optimizer steps: packing, trajectory-whole mini-batches,
+micro-batch invariance and the direction of a policy-gradient step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from train_helpers import VOCAB, GradCapture, tiny_model
+
+from components.train.critic import build_critic
+from components.train.engine import build_engine
+from components.train.policy import critic_values, make_token_batch, pack_sequences, response_logprobs
+from components.train.rl_update import _mini_batches, actor_update, trajectory_chunks
+
+
+def _trajectories(n_traj: int, seed: int = 0) -> list[dict]:
+    """Step rows of multi-turn trajectories with exact continuity: the next prompt is the previous
+    prompt + response + an observation."""
+    rng = random.Random(seed)
+    rows = []
+    for t in range(n_traj):
+        prompt = [1] + [rng.randrange(4, VOCAB) for _ in range(rng.randint(3, 8))]
+        for step in range(rng.randint(1, 3)):
+            response = [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 5))]
+            rows.append({"traj_id": f"t{t}", "step": step, "prompt_ids": list(prompt), "response_ids": response})
+            prompt = prompt + response + [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 3))]
+    rng.shuffle(rows)
+    return rows
+
+
+def test_pack_sequences_reads_prefixes_from_the_longest_chain():
+    seqs = [[1, 2], [1, 2, 3, 4], [5, 6], [1, 2, 3], [1, 9]]
+    hosts, where = pack_sequences(seqs)
+    assert sorted(map(tuple, hosts)) == [(1, 2, 3, 4), (1, 9), (5, 6)]
+    for s, h in zip(seqs, where):
+        assert hosts[h][: len(s)] == s
+
+
+def test_packed_batch_gives_the_same_logprobs_values_and_entropy():
+    rows = _trajectories(6)
+    prompts, responses = [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows]
+    packed = make_token_batch(prompts, responses, pad_id=0)
+    plain = make_token_batch(prompts, responses, pad_id=0, pack=False)
+    assert packed.input_ids.size(0) == 6 < plain.input_ids.size(0) == len(rows)
+    model = tiny_model().eval()
+    with torch.no_grad():
+        lp_a, ent_a = response_logprobs(model, packed, temperature=0.7, with_entropy=True)
+        lp_b, ent_b = response_logprobs(model, plain, temperature=0.7, with_entropy=True)
+    assert torch.allclose(lp_a, lp_b, atol=1e-5) and torch.allclose(ent_a, ent_b, atol=1e-5)
+    assert (lp_a != 0).sum() == sum(len(r) for r in responses)  # every response token scored
+
+    critic = build_critic_from(model)
+    with torch.no_grad():
+        for per_step in (True, False):
+            va = critic_values(critic, packed, per_step=per_step)
+            vb = critic_values(critic, plain, per_step=per_step)
+            assert torch.allclose(va, vb, atol=1e-5)
+
+
+def build_critic_from(model: torch.nn.Module) -> torch.nn.Module:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        critic = build_critic(d).eval()
+    with torch.no_grad():  # a non-zero head, so values differ between positions
+        for p in critic.score.parameters():
+            p.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    return critic
+
+
+@pytest.mark.parametrize("size,micro", [(4, 2), (7, 3), (100, 100), (1, 1)])
+def test_mini_batches_keep_trajectories_whole_and_use_every_row_once_per_epoch(size, micro):
+    rows = _trajectories(10, seed=1)
+    traj = [r["traj_id"] for r in rows]
+    plan = _mini_batches(traj, size, micro, epochs=2, seed=0)
+    seen = [i for step in plan for m in step for i in m]
+    assert sorted(seen) == sorted(list(range(len(rows))) * 2)
+    for step in plan:
+        assert sum(len(m) for m in step) <= max(size, 3)  # a 3-step trajectory alone may exceed size
+        for m in step:
+            assert len(m) <= max(micro, 3)
+            for t in {traj[i] for i in m}:  # all of a trajectory's rows are in this micro-batch
+                assert sum(traj[i] == t for i in m) == traj.count(t)
+
+
+def test_trajectory_chunks_cover_rows_once():
+    rows = _trajectories(9, seed=2)
+    chunks = trajectory_chunks(rows, 5)
+    assert sorted(i for c in chunks for i in c) == list(range(len(rows)))
+    assert all(len(c) <= 5 for c in chunks)
+
+
+def _update(rows: list[dict], micro: int, **kw) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The actor after one actor_update over ``rows`` (one optimizer step), and the gradient it took."""
+    engine = build_engine(tiny_model(), lr=1e-2, weight_decay=0.0, zero_stage=0, dtype="fp32", grad_clip=1e9,
+                          micro_batch_size=micro, grad_accum_steps=1, warmup_steps=0, total_steps=10,
+                          lr_schedule="constant")
+    base = dict(pad_id=0, policy_loss="ppo", loss_agg="token-mean", clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0,
+                kl_coef=0.0, kl_kind="low_var_kl", entropy_coef=0.0, epochs=1, mini_batch_size=len(rows),
+                micro_batch_size=micro, norm_const=8.0, seed=0)
+    capture = GradCapture(engine)
+    actor_update(engine, rows, **{**base, **kw})
+    capture.close()
+    return engine.module, capture.grads
+
+
+def _with_old_logprobs(rows: list[dict], advantage_of) -> list[dict]:
+    model = tiny_model().eval()
+    batch = make_token_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id=0)
+    with torch.no_grad():
+        old, _ = response_logprobs(model, batch)
+    return [{**r, "old_logprobs": old[i, : len(r["response_ids"])].tolist(),
+             "advantages": [advantage_of(r)] * len(r["response_ids"]), "returns": [0.0] * len(r["response_ids"])}
+            for i, r in enumerate(rows)]
+
+
+def test_actor_update_raises_logprob_of_positive_advantage_and_lowers_negative():
+    rows = _with_old_logprobs(_trajectories(8, seed=3), lambda r: 1.0 if int(r["traj_id"][1:]) % 2 == 0 else -1.0)
+    after = _update(rows, micro=4)[0].eval()
+    batch = make_token_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id=0)
+    with torch.no_grad():
+        new, _ = response_logprobs(after, batch)
+    for i, r in enumerate(rows):
+        n = len(r["response_ids"])
+        delta = (new[i, :n] - torch.tensor(r["old_logprobs"])).sum().item()
+        assert delta > 0 if r["advantages"][0] > 0 else delta < 0, (r["traj_id"], delta)
+
+
+def test_actor_update_does_not_depend_on_micro_batch_size():
+    rows = _with_old_logprobs(_trajectories(8, seed=4), lambda r: (int(r["traj_id"][1:]) % 5 - 2) / 2)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        _, ga = _update(rows, micro=1, loss_agg=agg)
+        _, gb = _update(rows, micro=64, loss_agg=agg)
+        assert ga.keys() == gb.keys() and ga
+        for name in ga:
+            assert torch.allclose(ga[name], gb[name], atol=1e-7, rtol=1e-4), (agg, name)
