@@ -168,6 +168,11 @@ class TrainParams(Section):
     critic_warmup: int = Field(0, ge=0)
     # Gradient-norm clip for actor and critic.
     grad_clip: float = Field(1.0, gt=0)
+    # Optimizer steps of linear learning-rate warmup for actor and critic (then constant), and AdamW's
+    # epsilon. A fresh Adam's first steps move every weight by about lr whatever its gradient; warmup
+    # lets the second-moment estimate settle first.
+    lr_warmup_steps: int = Field(0, ge=0)
+    adam_eps: float = Field(1e-8, gt=0, le=1)
     # Reward added to a step whose tool call or answer is malformed (0 = none; e.g. -0.1).
     malformed_penalty: float = Field(0.0, le=0)
     # Greedy validation on this many val rows every `val_every` iterations (and after the last).

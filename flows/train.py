@@ -161,7 +161,8 @@ def _open_session(params: Params, algo: str) -> RLSession:
     parts, t, r, ds = resolved(params, algo), params.train, params.rollout, params.deepspeed
     cfg = SessionConfig(
         critic=parts["critic"], use_ref=t.kl_coef > 0, actor_lr=params.algorithms[algo].lr, critic_lr=t.critic_lr,
-        zero_stage=ds.zero_stage, dtype=ds.dtype, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
+        zero_stage=ds.zero_stage, dtype=ds.dtype, grad_clip=t.grad_clip, warmup_steps=t.lr_warmup_steps,
+        adam_eps=t.adam_eps, micro_batch_size=t.micro_batch_size,
         rollout_engine=r.engine, rollout_dtype=r.dtype, max_model_len=r.max_prompt_len + r.max_response_len,
         kv_cache_gib=r.kv_cache_gib, seed=params.seed,
     )

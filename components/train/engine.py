@@ -174,6 +174,7 @@ def build_engine(
     warmup_steps: int,
     total_steps: int,
     lr_schedule: Literal["linear_decay", "constant"] = "linear_decay",
+    eps: float = 1e-8,
 ) -> Any:
     """Wrap ``model`` in a DeepSpeed engine (gloo/CPU or NCCL/GPU, as the process was launched).
 
@@ -196,6 +197,7 @@ def build_engine(
         total_steps=total_steps,
         world_size=dist.world_size,
         lr_schedule=lr_schedule,
+        eps=eps,
     )
     import deepspeed
 

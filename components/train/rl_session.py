@@ -36,6 +36,8 @@ class SessionConfig:
     zero_stage: int
     dtype: str
     grad_clip: float
+    warmup_steps: int
+    adam_eps: float
     micro_batch_size: int
     rollout_engine: str
     rollout_dtype: str
@@ -55,8 +57,8 @@ class RLSession:
         self.renderer = ChatRenderer(self.tokenizer, tools, stop_token=self.tokenizer.eos_token)
         torch.manual_seed(cfg.seed)
         engine_kw = dict(weight_decay=0.0, zero_stage=cfg.zero_stage, dtype=cfg.dtype, grad_clip=cfg.grad_clip,
-                         micro_batch_size=cfg.micro_batch_size, grad_accum_steps=1, warmup_steps=0,
-                         total_steps=1, lr_schedule="constant")
+                         micro_batch_size=cfg.micro_batch_size, grad_accum_steps=1, warmup_steps=cfg.warmup_steps,
+                         total_steps=max(cfg.warmup_steps, 1), lr_schedule="constant", eps=cfg.adam_eps)
         self.actor = build_engine(AutoModelForCausalLM.from_pretrained(self.init_dir), lr=cfg.actor_lr, **engine_kw)
         self.critic = None
         if cfg.critic is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -60,37 +60,44 @@ def step_tensors(rows: Sequence[dict[str, Any]], pad_id: int, per_step_values: b
     )
 
 
-def _fill(units: list[list[int]], size: int) -> list[list[list[int]]]:
-    """Consecutive units (lists of row indices) grouped so a group holds at most ``size`` rows; a unit
-    is never split (a unit larger than ``size`` is a group of its own)."""
-    groups: list[list[list[int]]] = []
+def _fill(units: list, size: int, rows_of: Callable[[Any], int] = len) -> list[list]:
+    """Consecutive units grouped so a group holds at most ``size`` rows (``rows_of(unit)`` each); a
+    unit is never split (a unit larger than ``size`` is a group of its own)."""
+    groups: list[list] = []
     rows = 0
     for u in units:
-        if groups and rows + len(u) <= size:
+        n = rows_of(u)
+        if groups and rows + n <= size:
             groups[-1].append(u)
-            rows += len(u)
+            rows += n
         else:
             groups.append([u])
-            rows = len(u)
+            rows = n
     return groups
 
 
-def _mini_batches(traj_ids: Sequence[str], size: int, micro: int, epochs: int, seed: int) -> list[list[list[int]]]:
+def _mini_batches(
+    traj_ids: Sequence[str], group_ids: Sequence[str], size: int, micro: int, epochs: int, seed: int
+) -> list[list[list[int]]]:
     """Row indices: one list per optimizer step, holding micro-batches of at most ``micro`` rows.
 
-    Trajectories are shuffled whole and a trajectory's steps stay in one micro-batch (unless it alone
-    has more than ``micro`` steps), so packing (``make_token_batch``) forwards each trajectory once.
+    Groups (the samples of one prompt) are shuffled whole and never split across optimizer steps:
+    a group's advantages sum to zero, so the tokens its samples share cancel within one step instead
+    of pushing the policy up in one step and down in the next. A trajectory's steps stay in one
+    micro-batch (unless it alone has more than ``micro`` steps), so packing (``make_token_batch``)
+    forwards each trajectory once. A group larger than ``size`` is one step of its own.
     """
     rng = random.Random(seed)
-    by_traj: dict[str, list[int]] = {}
-    for i, t in enumerate(traj_ids):
-        by_traj.setdefault(t, []).append(i)
+    by_group: dict[str, dict[str, list[int]]] = {}
+    for i, (t, g) in enumerate(zip(traj_ids, group_ids)):
+        by_group.setdefault(g, {}).setdefault(t, []).append(i)
     steps = []
     for _ in range(epochs):
-        units = list(by_traj.values())
-        rng.shuffle(units)
-        for mini in _fill(units, size):
-            steps.append([[i for u in m for i in u] for m in _fill(mini, micro)])
+        groups = [list(g.values()) for g in by_group.values()]  # group -> its trajectories' rows
+        rng.shuffle(groups)
+        for mini in _fill(groups, size, rows_of=lambda g: sum(map(len, g))):
+            trajs = [t for g in mini for t in g]
+            steps.append([[i for t in m for i in t] for m in _fill(trajs, micro)])
     return steps
 
 
@@ -99,12 +106,17 @@ def trajectory_chunks(rows: Sequence[dict[str, Any]], size: int) -> list[list[in
     by_traj: dict[str, list[int]] = {}
     for i, t in enumerate(_traj_ids(rows)):
         by_traj.setdefault(t, []).append(i)
-    return [[i for u in g for i in u] for g in _fill(list(by_traj.values()), size)]
+    return [[i for t in g for i in t] for g in _fill(list(by_traj.values()), size)]
 
 
 def _traj_ids(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Each row's trajectory (rows without ``traj_id`` are their own trajectory)."""
     return [str(r["traj_id"]) if r.get("traj_id") is not None else f"row-{i}" for i, r in enumerate(rows)]
+
+
+def _group_ids(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Each row's group (rows without ``group_id`` form a group with their trajectory)."""
+    return [str(r["group_id"]) if r.get("group_id") is not None else t for r, t in zip(rows, _traj_ids(rows))]
 
 
 def _mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
@@ -137,7 +149,7 @@ def actor_update(
     Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from."""
     loss_fn_pg = get_policy_loss(policy_loss)
     history = []
-    for plan in _mini_batches(_traj_ids(rows), mini_batch_size, micro_batch_size, epochs, seed):
+    for plan in _mini_batches(_traj_ids(rows), _group_ids(rows), mini_batch_size, micro_batch_size, epochs, seed):
         micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=False) for idx in plan]
         norms = loss_normalisers(response_masks=[m.batch.response_mask for m in micro], norm_const=norm_const)
         tokens = max(norms["global_tokens"], 1.0)
@@ -182,7 +194,7 @@ def critic_update(
 ) -> dict[str, float]:
     """Clipped value regression of the critic on the stored returns (one value per step if ``per_step``)."""
     history = []
-    for plan in _mini_batches(_traj_ids(rows), mini_batch_size, micro_batch_size, epochs, seed + 1):
+    for plan in _mini_batches(_traj_ids(rows), _group_ids(rows), mini_batch_size, micro_batch_size, epochs, seed + 1):
         micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=per_step) for idx in plan]
         if per_step:
             count = float(sum(m.returns.numel() for m in micro))

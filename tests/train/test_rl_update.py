@@ -72,14 +72,18 @@ def build_critic_from(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("size,micro", [(4, 2), (7, 3), (100, 100), (1, 1)])
-def test_mini_batches_keep_trajectories_whole_and_use_every_row_once_per_epoch(size, micro):
+def test_mini_batches_keep_groups_and_trajectories_whole_and_use_every_row_once_per_epoch(size, micro):
     rows = _trajectories(10, seed=1)
     traj = [r["traj_id"] for r in rows]
-    plan = _mini_batches(traj, size, micro, epochs=2, seed=0)
+    group = [f"g{int(t[1:]) // 2}" for t in traj]  # two samples per prompt
+    plan = _mini_batches(traj, group, size, micro, epochs=2, seed=0)
     seen = [i for step in plan for m in step for i in m]
     assert sorted(seen) == sorted(list(range(len(rows))) * 2)
     for step in plan:
-        assert sum(len(m) for m in step) <= max(size, 3)  # a 3-step trajectory alone may exceed size
+        in_step = [i for m in step for i in m]
+        for g in {group[i] for i in in_step}:  # all of a group's rows are in this optimizer step
+            assert sum(group[i] == g for i in in_step) == group.count(g)
+        assert len(in_step) <= max(size, 6)  # a group (2 trajectories of <= 3 steps) alone may exceed size
         for m in step:
             assert len(m) <= max(micro, 3)
             for t in {traj[i] for i in m}:  # all of a trajectory's rows are in this micro-batch
