@@ -2,7 +2,8 @@
 
 reports/compare.md: algorithm, test accuracy, mean turns, valid tool-call rate, train wall time,
 generated tokens (SFT first). reports/compare.png: validation accuracy against iteration, one line per
-algorithm, the SFT test accuracy as a dashed baseline. Both are logged to MLflow (run `compare`).
+algorithm starting at iteration -1 (the SFT model on the val split, before any update), and the SFT
+test accuracy as a dashed baseline. Both are logged to MLflow (run `compare`).
 """
 
 from __future__ import annotations

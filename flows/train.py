@@ -210,7 +210,8 @@ def train_flow(params: Params, algo: str) -> dict:
             write_json({"run_id": active.info.run_id}, run_file)
             history_of = mlflow.tracking.MlflowClient().get_metric_history
             logged = {m.step for m in history_of(active.info.run_id, "timing_s/iteration")}
-            history = []
+            initial = _initial_validation(params, algo, resumed=last >= 0)
+            history = [] if initial is None else [{"iteration": -1, "val/accuracy": initial}]
             for k in range(t.iterations):
                 if _finished(algo, k):
                     metrics = json.loads((iter_dir(algo, k) / "metrics.json").read_text())
@@ -229,6 +230,17 @@ def train_flow(params: Params, algo: str) -> dict:
         session.close()
         _SESSION.pop(algo, None)
     return summary
+
+
+def _initial_validation(params: Params, algo: str, resumed: bool) -> float | None:
+    """Greedy val accuracy of the starting (SFT) policy: the curves' point at iteration -1, computed
+    once before the first update (None for a run resumed from a directory that lacks it)."""
+    path = run_dir(algo) / "val_initial.json"
+    if not path.is_file():
+        if resumed:
+            return None
+        write_json(validate(algo, -1, params), path)
+    return json.loads(path.read_text())["val/accuracy"]
 
 
 def _iteration(params: Params, algo: str, k: int, run: str) -> dict:
@@ -277,9 +289,10 @@ def _iteration(params: Params, algo: str, k: int, run: str) -> dict:
 
 def _finish(params: Params, algo: str, history: list[dict], wall: float) -> dict:
     session = _SESSION[algo]
+    val = [h for h in history if "val/accuracy" in h]  # from iteration -1 (the SFT policy) on
+    history = [h for h in history if h["iteration"] >= 0]
     save_hf(session.actor.module, session.tokenizer, REPO / "models" / algo / "final",
             metadata={"algo": algo, "iterations": len(history)})
-    val = [h for h in history if "val/accuracy" in h]
     summary = {
         "algo": algo,
         "iterations": len(history),
@@ -289,8 +302,9 @@ def _finish(params: Params, algo: str, history: list[dict], wall: float) -> dict
         "this_run_wall_time_s": wall,
     }
     write_json(summary, REPO / "metrics" / f"train_{algo}.json")
+    rows = [h for h in val if h["iteration"] < 0] + history
     write_text("iteration,val_accuracy,score_mean\n" + "".join(
-        f"{h['iteration']},{h.get('val/accuracy', '')},{h['critic/score/mean']}\n" for h in history),
+        f"{h['iteration']},{h.get('val/accuracy', '')},{h.get('critic/score/mean', '')}\n" for h in rows),
         REPO / "plots" / f"train_{algo}.csv")
     line_chart(
         {"val accuracy": ([h["iteration"] for h in val], [h["val/accuracy"] for h in val]),

@@ -31,6 +31,10 @@ def test_every_stage_produces_its_outputs(repro):
     for algo in ("grpo", "ppo", "steppo"):
         tr = json.loads((ws / f"metrics/train_{algo}.json").read_text())
         assert tr["iterations"] == 2 and tr["generated_tokens"] > 0
+        curve = pl.read_csv(ws / f"plots/train_{algo}.csv")
+        assert curve["iteration"].to_list() == [-1, 0, 1]  # -1: the SFT policy on val, before any update
+        initial = json.loads((ws / "runs" / algo / "val_initial.json").read_text())["val/accuracy"]
+        assert curve["val_accuracy"][0] == initial and curve["score_mean"][0] is None
         for k in (0, 1):
             it = ws / "runs" / algo / f"iter_{k:04d}"
             assert (it / "done.json").is_file()
