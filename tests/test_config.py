@@ -230,22 +230,19 @@ def test_load_params_errors_name_the_file(tmp_path):
         load_params(missing)
     with pytest.raises(ConfigError, match="not found"):
         load_params(tmp_path)  # a directory is not a params file
-    lst = tmp_path / "list.yaml"
-    lst.write_text("- a\n- b\n")
-    with pytest.raises(ConfigError, match=r"list\.yaml: top level must be a mapping, got list"):
-        load_params(lst)
-    scalar = tmp_path / "scalar.yaml"
-    scalar.write_text("42\n")
-    with pytest.raises(ConfigError, match="got int"):
-        load_params(scalar)
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("sft: [1, 2\n")
-    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML"):
-        load_params(broken)
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("sft:\n  lrr: 0.1\n")
-    with pytest.raises(ConfigError, match=r"^.*bad\.yaml: sft\.lrr: unknown key \(got 0\.1\)$"):
-        load_params(bad)
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("list.yaml", "- a\n- b\n", r"list\.yaml: top level must be a mapping, got list"),
+    ("scalar.yaml", "42\n", "got int"),
+    ("broken.yaml", "sft: [1, 2\n", r"broken\.yaml: not valid YAML"),
+    ("bad.yaml", "sft:\n  lrr: 0.1\n", r"^.*bad\.yaml: sft\.lrr: unknown key \(got 0\.1\)$"),
+])
+def test_load_params_errors_name_the_file_and_the_problem(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_params(path)
 
 
 def test_empty_file_gives_the_defaults(tmp_path):
