@@ -2,16 +2,16 @@
 
 A step row is (prompt_ids, response_ids): the exact ids the model saw and sampled. The model reads
 prompt + response; the logit at position p predicts token p + 1, so response token j of a row whose
-prompt has P tokens is scored at position P - 1 + j.
+prompt has P tokens is scored at position P - 1 + j. The critic's value of a step (``step_gae``) is
+read at the last prompt token, position P - 1; per-token values (``gae``) at the same positions as
+the log-probs (the value of the state in which each response token is chosen).
 
 Packing: the agent loop keeps exact token continuity, so step t's prompt + response is a prefix of
 step t + 1's prompt. A causal model gives the same logits on a prefix whether or not more tokens
 follow, so a row whose prompt + response is a prefix of another row's sequence needs no forward
 pass of its own: it reads the longer sequence at the same positions. ``make_token_batch`` keeps one
 sequence per chain (``input_ids`` has S <= B rows, ``row_seq`` maps row -> sequence), which cuts
-the tokens a multi-turn batch forwards by about the number of turns. The critic's value of a step (``step_gae``) is
-read at the last prompt token, position P - 1; per-token values (``gae``) at the same positions as
-the log-probs (the value of the state in which each response token is chosen).
+the tokens a multi-turn batch forwards by about the number of turns.
 
 It does not decide what to train: losses live in ``components.algos``.
 """

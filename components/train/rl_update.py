@@ -76,24 +76,24 @@ def _fill(units: list, size: int, rows_of: Callable[[Any], int] = len) -> list[l
     return groups
 
 
-def _mini_batches(
-    traj_ids: Sequence[str], group_ids: Sequence[str], size: int, micro: int, epochs: int, seed: int
-) -> list[list[list[int]]]:
+def _mini_batches(rows: Sequence[dict[str, Any]], size: int, micro: int, epochs: int, seed: int) -> list[list[list[int]]]:
     """Row indices: one list per optimizer step, holding micro-batches of at most ``micro`` rows.
 
     Groups (the samples of one prompt) are shuffled whole and never split across optimizer steps:
     a group's advantages sum to zero, so the tokens its samples share cancel within one step instead
     of pushing the policy up in one step and down in the next. A trajectory's steps stay in one
     micro-batch (unless it alone has more than ``micro`` steps), so packing (``make_token_batch``)
-    forwards each trajectory once. A group larger than ``size`` is one step of its own.
+    forwards each trajectory once. A group larger than ``size`` is one step of its own. Rows without
+    ``traj_id`` are a trajectory of their own; rows without ``group_id`` a group with their trajectory.
     """
     rng = random.Random(seed)
-    by_group: dict[str, dict[str, list[int]]] = {}
-    for i, (t, g) in enumerate(zip(traj_ids, group_ids)):
-        by_group.setdefault(g, {}).setdefault(t, []).append(i)
+    by_group: dict[str, list[list[int]]] = {}  # group -> its trajectories' rows
+    for traj in _rows_by_trajectory(rows):
+        g = rows[traj[0]].get("group_id")
+        by_group.setdefault(f"traj-{traj[0]}" if g is None else str(g), []).append(traj)
     steps = []
     for _ in range(epochs):
-        groups = [list(g.values()) for g in by_group.values()]  # group -> its trajectories' rows
+        groups = list(by_group.values())
         rng.shuffle(groups)
         for mini in _fill(groups, size, rows_of=lambda g: sum(map(len, g))):
             trajs = [t for g in mini for t in g]
@@ -103,20 +103,17 @@ def _mini_batches(
 
 def trajectory_chunks(rows: Sequence[dict[str, Any]], size: int) -> list[list[int]]:
     """Row indices in chunks of at most ``size`` rows, each trajectory's steps in one chunk (for packing)."""
+    return [[i for t in g for i in t] for g in _fill(_rows_by_trajectory(rows), size)]
+
+
+def _rows_by_trajectory(rows: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """Row indices of each trajectory, in order of first appearance (a row without ``traj_id`` is a
+    trajectory of its own)."""
     by_traj: dict[str, list[int]] = {}
-    for i, t in enumerate(_traj_ids(rows)):
-        by_traj.setdefault(t, []).append(i)
-    return [[i for t in g for i in t] for g in _fill(list(by_traj.values()), size)]
-
-
-def _traj_ids(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Each row's trajectory (rows without ``traj_id`` are their own trajectory)."""
-    return [str(r["traj_id"]) if r.get("traj_id") is not None else f"row-{i}" for i, r in enumerate(rows)]
-
-
-def _group_ids(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Each row's group (rows without ``group_id`` form a group with their trajectory)."""
-    return [str(r["group_id"]) if r.get("group_id") is not None else t for r, t in zip(rows, _traj_ids(rows))]
+    for i, r in enumerate(rows):
+        t = r.get("traj_id")
+        by_traj.setdefault(f"row-{i}" if t is None else str(t), []).append(i)
+    return list(by_traj.values())
 
 
 def _mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
@@ -149,7 +146,7 @@ def actor_update(
     Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from."""
     loss_fn_pg = get_policy_loss(policy_loss)
     history = []
-    for plan in _mini_batches(_traj_ids(rows), _group_ids(rows), mini_batch_size, micro_batch_size, epochs, seed):
+    for plan in _mini_batches(rows, mini_batch_size, micro_batch_size, epochs, seed):
         micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=False) for idx in plan]
         norms = loss_normalisers(response_masks=[m.batch.response_mask for m in micro], norm_const=norm_const)
         tokens = max(norms["global_tokens"], 1.0)
@@ -194,7 +191,7 @@ def critic_update(
 ) -> dict[str, float]:
     """Clipped value regression of the critic on the stored returns (one value per step if ``per_step``)."""
     history = []
-    for plan in _mini_batches(_traj_ids(rows), _group_ids(rows), mini_batch_size, micro_batch_size, epochs, seed + 1):
+    for plan in _mini_batches(rows, mini_batch_size, micro_batch_size, epochs, seed + 1):
         micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=per_step) for idx in plan]
         if per_step:
             count = float(sum(m.returns.numel() for m in micro))

@@ -73,10 +73,10 @@ def build_critic_from(model: torch.nn.Module) -> torch.nn.Module:
 
 @pytest.mark.parametrize("size,micro", [(4, 2), (7, 3), (100, 100), (1, 1)])
 def test_mini_batches_keep_groups_and_trajectories_whole_and_use_every_row_once_per_epoch(size, micro):
-    rows = _trajectories(10, seed=1)
+    rows = [{**r, "group_id": f"g{int(r['traj_id'][1:]) // 2}"} for r in _trajectories(10, seed=1)]  # 2 per prompt
     traj = [r["traj_id"] for r in rows]
-    group = [f"g{int(t[1:]) // 2}" for t in traj]  # two samples per prompt
-    plan = _mini_batches(traj, group, size, micro, epochs=2, seed=0)
+    group = [r["group_id"] for r in rows]
+    plan = _mini_batches(rows, size, micro, epochs=2, seed=0)
     seen = [i for step in plan for m in step for i in m]
     assert sorted(seen) == sorted(list(range(len(rows))) * 2)
     for step in plan:
