@@ -84,6 +84,9 @@ class SFTParams(Section):
     grad_clip: float = Field(1.0, gt=0)
     # Longest tokenised expert conversation kept (longer ones are dropped, and counted).
     max_len: int = Field(512, ge=16)
+    # SFT learns from the first `rows` rows of the train split; RL samples its prompts from the rows
+    # after them, problems the SFT model has not seen. None = SFT and RL both use every row.
+    rows: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _micro_divides(self) -> "SFTParams":
@@ -227,6 +230,16 @@ class Params(Section):
             raise ValueError(
                 f"rollout.max_prompt_len + rollout.max_response_len = {need} > "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _rl_prompts_left(self) -> "Params":
+        rows, n_train = self.sft.rows, self.prepare.n_train
+        if self.prepare.source_path is None and rows is not None and rows >= n_train:
+            raise ValueError(
+                f"sft.rows={rows} leaves no train rows for RL prompts (prepare.n_train={n_train}); "
+                f"raise prepare.n_train or lower sft.rows"
             )
         return self
 

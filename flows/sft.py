@@ -33,7 +33,7 @@ BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
 
 def encode_examples(params: Params, tokenizer) -> tuple[list, int]:
     spec = get_task(params.task)
-    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "train.parquet").to_dicts()
+    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "train.parquet").to_dicts()[: params.sft.rows]
     examples, dropped = [], 0
     for row in rows:
         if not row["expert"]:

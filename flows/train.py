@@ -54,6 +54,11 @@ def resolved(params: Params, algo: str) -> dict:
     return parts
 
 
+def rl_prompts(train: pl.DataFrame, params: Params) -> pl.DataFrame:
+    """The train rows RL samples prompts from: those after the first ``sft.rows`` (all if None)."""
+    return train.slice(params.sft.rows or 0)
+
+
 def run_dir(algo: str) -> Path:
     return REPO / "runs" / algo
 
@@ -71,6 +76,7 @@ def fingerprint(params: Params, algo: str) -> dict:
         "deepspeed": params.deepspeed.model_dump(),
         "seed": params.seed,
         "task": params.task,
+        "rl_prompts_after_row": params.sft.rows,
         "sft": json.loads((SFT / MARKER).read_text()),
     }
 
@@ -82,7 +88,7 @@ def rollout(algo: str, k: int, policy: str, train_split: str, params: Params, ru
     spec = get_task(params.task)
     a, t, r = params.algorithms[algo], params.train, params.rollout
     n_prompts = max(t.trajectories_per_iteration // a.samples_per_prompt, 1)
-    rows = pl.read_parquet(train_split).to_dicts()
+    rows = rl_prompts(pl.read_parquet(train_split), params).to_dicts()
     picked = random.Random(params.seed * 100_003 + k).sample(rows, min(n_prompts, len(rows)))
     episodes = [
         Episode(f"{k}-{row['id']}-{j}", f"{k}-{row['id']}", spec.make_env(row, malformed_penalty=t.malformed_penalty), row)
@@ -320,6 +326,10 @@ def main(params: str, algo: str) -> None:
         raise StageError(f"--algo {algo!r} is not a key of algorithms (known: {sorted(p.algorithms)})")
     if not is_complete_checkpoint(SFT):
         raise StageError(f"train: {SFT} is not a complete checkpoint (run the sft stage first)")
+    train_rows = pl.scan_parquet(REPO / "data" / "processed" / p.task / "train.parquet").select(pl.len()).collect().item()
+    if p.sft.rows is not None and p.sft.rows >= train_rows:
+        raise StageError(f"sft.rows={p.sft.rows} leaves no RL prompts: the train split has {train_rows} rows "
+                         "(lower sft.rows, or give the train split more rows)")
     parts = resolved(p, algo)
     if get_advantage_estimator(parts["estimator"]).needs_groups and p.algorithms[algo].samples_per_prompt < 2:
         raise StageError(f"algorithms.{algo}.samples_per_prompt=1 but estimator {parts['estimator']} "

@@ -109,9 +109,10 @@ def test_every_key_of_params_yaml_has_a_comment():
     assert undocumented_keys(text) == []
     # deleting the comment above a key that opens a run leaves that key undocumented
     lines = text.splitlines()
-    first_sft_key = lines.index("sft:") + 2
-    assert lines[first_sft_key].startswith("  steps:") and lines[first_sft_key - 1].startswith("  #")
-    assert undocumented_keys("\n".join(lines[: first_sft_key - 1] + lines[first_sft_key:])) == ["sft.steps"]
+    sft = lines.index("sft:")
+    first_sft_key = next(i for i in range(sft + 1, len(lines)) if not lines[i].startswith("  #"))
+    assert lines[first_sft_key].startswith("  steps:") and first_sft_key > sft + 1
+    assert undocumented_keys("\n".join(lines[: sft + 1] + lines[first_sft_key:])) == ["sft.steps"]
     seed_comment = lines.index("seed: 0") - 1
     assert undocumented_keys("\n".join(lines[:seed_comment] + [""] + lines[seed_comment + 1 :])) == ["seed"]
     # the rule can fail: a key after a blank line, a key under an uncommented block, a stray comment level
@@ -178,6 +179,7 @@ def test_every_bad_key_is_reported_at_once():
         ({"prepare.min_calls": 3, "prepare.max_calls": 2}, ["prepare", "min_calls=3", "max_calls=2"]),
         ({"model.num_heads": 4, "model.num_kv_heads": 3}, ["model", "num_heads=4", "num_kv_heads=3"]),
         ({"compare.algorithms": ["grpo", "dapo"]}, ["compare.algorithms", "'dapo'", "grpo", "ppo", "steppo"]),
+        ({"prepare.n_train": 100, "sft.rows": 100}, ["sft.rows=100", "prepare.n_train=100", "RL prompts"]),
     ],
 )
 def test_contradictory_values_name_the_keys(changes, words):
@@ -188,7 +190,11 @@ def test_contradictory_values_name_the_keys(changes, words):
 
 def test_boundaries_that_are_allowed():
     p = parse_params(raw(**{"sft.steps": 10, "sft.warmup_steps": 10, "prepare.min_calls": 2, "prepare.max_calls": 2,
-                            "sft.batch_size": 16, "sft.micro_batch_size": 4, "compare.algorithms": []}))
+                            "sft.batch_size": 16, "sft.micro_batch_size": 4, "compare.algorithms": [],
+                            "prepare.n_train": 100, "sft.rows": 99}))
+    assert p.sft.rows == 99  # one row left for RL prompts
+    # with a source file the row count is only known when the train stage reads the split
+    assert parse_params(raw(**{"prepare.source_path": "x.jsonl", "prepare.n_train": 10, "sft.rows": 50})).sft.rows == 50
     assert (p.sft.warmup_steps, p.prepare.min_calls, p.sft.batch_size // p.sft.micro_batch_size) == (10, 2, 4)
     # a user-defined algorithm may be compared once it is a key of `algorithms`
     data = raw(**{"compare.algorithms": ["grpo", "grpo_kl"]})

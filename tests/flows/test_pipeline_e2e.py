@@ -42,6 +42,9 @@ def test_every_stage_produces_its_outputs(repro):
             assert {"advantages", "returns", "old_logprobs", "reward", "group_id"} <= set(batch.columns)
             lens = batch.select(pl.col("advantages").list.len(), pl.col("response_ids").list.len())
             assert (lens["advantages"] == lens["response_ids"]).all()
+            # RL prompts are the train rows after the first sft.rows (32): problems SFT did not learn from
+            rows = {int(g.rsplit("-", 1)[1]) for g in batch["group_id"].unique()}
+            assert rows and min(rows) >= 32, sorted(rows)
     report = (ws / "reports/compare.md").read_text()
     for name in ("sft", "grpo", "ppo", "steppo"):
         assert f"| {name} |" in report

@@ -18,7 +18,7 @@ TINY = {
     "prepare": {"n_train": 64, "n_val": 8, "n_test": 8},
     "model": {"vocab_size": 400, "hidden_size": 64, "intermediate_size": 128, "num_layers": 1,
               "num_heads": 2, "num_kv_heads": 1},
-    "sft": {"steps": 4, "batch_size": 8, "micro_batch_size": 4, "warmup_steps": 1},
+    "sft": {"steps": 4, "batch_size": 8, "micro_batch_size": 4, "warmup_steps": 1, "rows": 32},
     "rollout": {"max_steps": 3, "max_response_len": 48},
     "evaluate": {"max_samples": 8},
     "train": {"iterations": 2, "trajectories_per_iteration": 8, "mini_batch_size": 8, "micro_batch_size": 4,
