@@ -108,8 +108,9 @@ def test_build_overrides_rejects_bad_input_naming_it(kwargs, needle):
 
 
 def test_check_overrides_returns_the_typed_params_the_run_will_see():
-    p = check_overrides(PARAMS, ["prepare.n_train=40", "sft.lr=1e-3", "model.path='/x/y'", "evaluate.max_samples=4"])
-    assert p.prepare.n_train == 40 and p.sft.lr == 0.001 and p.model.path == "/x/y"
+    p = check_overrides(PARAMS, ["prepare.n_train=40", "sft.rows=30", "sft.lr=1e-3", "model.path='/x/y'",
+                                 "evaluate.max_samples=4"])
+    assert p.prepare.n_train == 40 and p.sft.rows == 30 and p.sft.lr == 0.001 and p.model.path == "/x/y"
     assert p.evaluate.max_samples == 4
     assert check_overrides(PARAMS, []).prepare.n_train == check_overrides(PARAMS, []).prepare.n_train
 
@@ -122,6 +123,7 @@ def test_check_overrides_returns_the_typed_params_the_run_will_see():
         ("sft.lr=abc", "sft.lr: Input should be a valid number"),
         ("prepare.n_train=0", "prepare.n_train: Input should be greater than or equal to 1"),
         ("prepare=3", "prepare: Input should be"),
+        ("prepare.n_train=40", "leaves no train rows for RL prompts (prepare.n_train=40)"),  # cross-field check
     ],
 )
 def test_check_overrides_names_the_bad_key(override, needle):
