@@ -119,6 +119,10 @@ class EvaluateParams(Section):
     split: Literal["val", "test"] = "test"
     # Evaluate at most this many rows (None = all).
     max_samples: int | None = Field(None, ge=1)
+    # Sampled episodes per row at `temperature` besides the greedy one (mean@k, pass@k); 0 = greedy only.
+    samples: int = Field(2, ge=0, le=64)
+    # Sampling temperature of those episodes.
+    temperature: float = Field(1.0, gt=0, le=2)
 
 
 class AlgoParams(Section):

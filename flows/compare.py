@@ -1,7 +1,7 @@
 """Stage `compare`: one table and one chart of every algorithm against the SFT baseline.
 
-reports/compare.md: algorithm, test accuracy, mean turns, valid tool-call rate, train wall time,
-generated tokens (SFT first). reports/compare.png: validation accuracy against iteration, one line per
+reports/compare.md: algorithm, test accuracy (greedy), sampled accuracy (mean@k) and pass@k, mean turns,
+valid tool-call rate, train wall time, generated tokens (SFT first). reports/compare.png: validation accuracy against iteration, one line per
 algorithm starting at iteration -1 (the SFT model on the val split, before any update), and the SFT
 test accuracy as a dashed baseline. Both are logged to MLflow (run `compare`).
 """
@@ -33,15 +33,20 @@ def table(params: Params) -> str:
     for name in ["sft", *params.compare.algorithms]:
         ev = _load(f"eval_{name}.json")
         tr = _load(f"train_{name}.json") if name != "sft" else {}
+        sampled = (f"{ev['sampled_accuracy']:.3f} | {ev['pass_at_k']:.3f}" if "sampled_accuracy" in ev else "- | -")
         rows.append(
-            f"| {name} | {ev['accuracy']:.3f} | {ev['mean_turns']:.2f} | {ev['valid_tool_call_rate']:.3f} "
+            f"| {name} | {ev['accuracy']:.3f} | {sampled} | {ev['mean_turns']:.2f} | {ev['valid_tool_call_rate']:.3f} "
             f"| {ev['format_error_rate']:.3f} | {tr.get('train_wall_time_s', 0):.0f} | {int(tr.get('generated_tokens', 0))} |"
         )
+    ev = params.evaluate
     header = (
         f"# {params.task}: RL algorithms against the SFT baseline\n\n"
-        f"Test split, greedy, multi-turn with the real tools. Wall time and generated tokens are of RL training.\n\n"
-        "| algorithm | test accuracy | mean turns | valid tool calls | format errors | train wall time (s) | generated tokens |\n"
-        "|---|---|---|---|---|---|---|\n"
+        f"{ev.split.capitalize()} split, multi-turn with the real tools. Accuracy is of one greedy episode per problem; "
+        f"sampled accuracy (mean@k) and pass@k of k = {ev.samples} episodes per problem at temperature {ev.temperature:g}. "
+        "Wall time and generated tokens are of RL training.\n\n"
+        "| algorithm | accuracy (greedy) | sampled accuracy (mean@k) | pass@k | mean turns | valid tool calls "
+        "| format errors | train wall time (s) | generated tokens |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
     )
     return str(write_text(header + "\n".join(rows) + "\n", REPO / "reports" / "compare.md"))
 

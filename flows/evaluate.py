@@ -1,8 +1,10 @@
-"""Stage `evaluate@<model>`: greedy multi-turn evaluation of models/<model> on a held-out split.
+"""Stage `evaluate@<model>`: multi-turn evaluation of models/<model> on a held-out split.
 
 Plays every row of the split to the end with the task's real tools, generating with the rollout
-engine (vLLM by default). Writes metrics/eval_<model>.json (accuracy, mean turns, valid tool-call rate,
-format-error rate), logs the same to MLflow with a readable sample of trajectories.
+engine (vLLM by default): one greedy episode per row, and ``evaluate.samples`` sampled ones at
+``evaluate.temperature``. Writes metrics/eval_<model>.json (greedy accuracy, mean turns, valid tool-call
+rate, format-error rate; sampled_accuracy = mean@k and pass_at_k of the sampled episodes), logs the
+same to MLflow with a readable sample of greedy trajectories.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from transformers import AutoTokenizer
 from flows import REPO
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
-from components.agent.loop import Episode, episode_metrics, run_episodes
+from components.agent.loop import Episode, episode_metrics, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
 from components.config import Params
 from components.io import write_json
@@ -33,11 +35,12 @@ def model_dir(name: str):
 
 
 @task(cache_policy=NO_CACHE)
-def greedy_rollout(params: Params, model: str, rows: list[dict]) -> list[dict]:
+def play(params: Params, model: str, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Step records of one greedy episode per row, and of ``evaluate.samples`` sampled ones per row."""
     spec = get_task(params.task)
     path = model_dir(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    r = params.rollout
+    r, ev = params.rollout, params.evaluate
     engine = make_engine(
         r.engine,
         str(path),
@@ -48,19 +51,20 @@ def greedy_rollout(params: Params, model: str, rows: list[dict]) -> list[dict]:
         seed=params.seed,
     )
     renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
-    episodes = [Episode(str(row["id"]), str(row["id"]), spec.make_env(row), row) for row in rows]
+
+    def episodes(k: int) -> list[Episode]:
+        return [Episode(str(row["id"]) + (f"#{i}" if k else ""), str(row["id"]), spec.make_env(row), row)
+                for row in rows for i in range(max(k, 1))]
+
+    def run(eps: list[Episode], temperature: float, desc: str) -> list[dict]:
+        return run_episodes(engine, renderer, eps, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len,
+                            max_response_len=r.max_response_len, temperature=temperature, seed=params.seed,
+                            desc=desc)
+
     try:
-        return run_episodes(
-            engine,
-            renderer,
-            episodes,
-            max_steps=r.max_steps,
-            max_prompt_len=r.max_prompt_len,
-            max_response_len=r.max_response_len,
-            temperature=0.0,
-            seed=params.seed,
-            desc=f"evaluate {model}",
-        )
+        greedy = run(episodes(0), 0.0, f"evaluate {model}")
+        sampled = run(episodes(ev.samples), ev.temperature, f"evaluate {model} (T={ev.temperature:g})") if ev.samples else []
+        return greedy, sampled
     finally:
         engine.close()
 
@@ -75,10 +79,13 @@ def evaluate_flow(params: Params, model: str) -> dict[str, float]:
         import mlflow
 
         start = time.perf_counter()
-        steps = greedy_rollout(params, model, df.to_dicts())
+        steps, sampled = play(params, model, df.to_dicts())
         metrics = episode_metrics(steps)
+        if sampled:
+            metrics.update(sampled_metrics(sampled))
+            metrics["sampled_temperature"] = params.evaluate.temperature
         metrics["wall_time_s"] = time.perf_counter() - start
-        metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in steps))
+        metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in steps + sampled))
         write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
         mlflow.log_metrics({f"eval/{k}": v for k, v in metrics.items()})
         tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
@@ -87,6 +94,9 @@ def evaluate_flow(params: Params, model: str) -> dict[str, float]:
         f"evaluate {model} on {split} ({len(df)} rows): accuracy {metrics['accuracy']:.3f}, "
         f"mean turns {metrics['mean_turns']:.2f}, valid tool calls {metrics['valid_tool_call_rate']:.3f}, "
         f"format errors {metrics['format_error_rate']:.3f}"
+        + (f"; sampled (T={params.evaluate.temperature:g}) mean@{params.evaluate.samples} "
+           f"{metrics['sampled_accuracy']:.3f}, pass@{params.evaluate.samples} {metrics['pass_at_k']:.3f}"
+           if "sampled_accuracy" in metrics else "")
     )
     return metrics
 

@@ -132,6 +132,27 @@ def _end_overlong(ep: Episode, turn: int) -> None:
                 feedback="[prompt longer than max_prompt_len]", info={})
 
 
+def sampled_metrics(steps: list[dict]) -> dict[str, float]:
+    """mean@k and pass@k of k sampled episodes per prompt (episodes grouped by ``group_id``).
+
+    ``sampled_accuracy`` is the mean over prompts of the fraction of its episodes that are correct,
+    ``pass_at_k`` the fraction of prompts with at least one correct episode, ``samples_per_prompt`` the
+    k (the smallest group, so an uneven batch never overstates it).
+    """
+    correct: dict[str, dict[str, bool]] = {}
+    for s in steps:
+        group = correct.setdefault(s["group_id"], {})
+        group[s["traj_id"]] = group.get(s["traj_id"], False) or bool(s["correct"])
+    if not correct:
+        return {"sampled_accuracy": 0.0, "pass_at_k": 0.0, "samples_per_prompt": 0.0}
+    groups = [list(g.values()) for g in correct.values()]
+    return {
+        "sampled_accuracy": sum(sum(g) / len(g) for g in groups) / len(groups),
+        "pass_at_k": sum(any(g) for g in groups) / len(groups),
+        "samples_per_prompt": float(min(len(g) for g in groups)),
+    }
+
+
 def episode_metrics(steps: list[dict]) -> dict[str, float]:
     """Accuracy, mean turns, valid tool-call rate and format-error rate of a set of step records."""
     by_traj: dict[str, list[dict]] = {}

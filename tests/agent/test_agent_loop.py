@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from agent_helpers import ScriptedEngine, answer, call, logprobs_for, row, tokenizer
 
-from components.agent.loop import Episode, episode_metrics, episode_seed, run_episodes
+from components.agent.loop import Episode, episode_metrics, episode_seed, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
 from components.envs import get_task
 from components.model.tokenizer import EOS_TOKEN
@@ -312,6 +312,24 @@ def test_episode_metrics_by_hand():
     assert m["n_episodes"] == 3.0
     # order of records does not matter
     assert episode_metrics(steps[::-1]) == m
+
+
+def test_sampled_metrics_by_hand():
+    def rec(group, traj, correct):
+        return {**_rec(traj, 0, correct=correct), "group_id": group}
+
+    steps = [
+        rec("p", "p#0", False), rec("p", "p#0", True),  # a correct last step makes the episode correct
+        rec("p", "p#1", False),
+        rec("q", "q#0", False), rec("q", "q#1", False),
+        rec("r", "r#0", True), rec("r", "r#1", True), rec("r", "r#2", False),
+    ]
+    m = sampled_metrics(steps)
+    assert m["sampled_accuracy"] == pytest.approx((1 / 2 + 0 + 2 / 3) / 3)  # mean over prompts, not episodes
+    assert m["pass_at_k"] == pytest.approx(2 / 3)
+    assert m["samples_per_prompt"] == 2.0  # the smallest group
+    assert sampled_metrics(steps[::-1]) == m
+    assert sampled_metrics([]) == {"sampled_accuracy": 0.0, "pass_at_k": 0.0, "samples_per_prompt": 0.0}
 
 
 def test_episode_metrics_without_calls_or_steps():

@@ -54,6 +54,9 @@ def test_every_stage_produces_its_outputs(repro):
     for key in ("accuracy", "mean_turns", "valid_tool_call_rate", "format_error_rate"):
         assert 0 <= ev[key] <= (3 if key == "mean_turns" else 1), (key, ev[key])
     assert ev["mean_turns"] >= 1
+    # evaluate.samples (default 2) sampled episodes per row besides the greedy one
+    assert ev["samples_per_prompt"] == 2 and 0 <= ev["sampled_accuracy"] <= ev["pass_at_k"] <= 1, ev
+    assert "sampled accuracy (mean@k)" in report and "k = 2 episodes per problem at temperature 1" in report
     sft = json.loads((ws / "metrics/sft.json").read_text())
     assert sft["steps"] == 4 and sft["loss"] > 0
 
