@@ -60,6 +60,26 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def ensure_experiment(name: str, artifact_location: str | None = None) -> str:
+    """The id of the MLflow experiment ``name`` at the current tracking URI, created if missing.
+
+    Safe when several processes create it at once: the loser of the race reads the winner's id.
+    (``mlflow.set_experiment(name)`` alone is not: in MLflow 3.x its loser keeps the Default
+    experiment active and logs its run there.)"""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    return mlflow.get_experiment_by_name(name).experiment_id
+
+
 @contextlib.contextmanager
 def mlflow_run(
     params: Params, run_name: str, sections: list[str], tags: dict | None = None, run_id: str | None = None
@@ -73,13 +93,8 @@ def mlflow_run(
     uri = tracking_uri(params)
     mlflow.set_tracking_uri(uri)
     name = params.mlflow.experiment or params.task
-    if mlflow.get_experiment_by_name(name) is None:
-        location = None
-        if uri.startswith("sqlite:"):
-            location = (REPO / "mlflow" / "artifacts").as_uri()
-        with contextlib.suppress(Exception):  # created concurrently by another run
-            mlflow.create_experiment(name, artifact_location=location)
-    mlflow.set_experiment(name)
+    location = (REPO / "mlflow" / "artifacts").as_uri() if uri.startswith("sqlite:") else None
+    mlflow.set_experiment(experiment_id=ensure_experiment(name, location))
     dumped = params.model_dump()
     flat = {"task": params.task, "seed": params.seed}
     for s in sections:

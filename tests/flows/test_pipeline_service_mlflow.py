@@ -24,9 +24,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 LOGGER = textwrap.dedent("""
     import sys, mlflow
+    sys.path.insert(0, sys.argv[5])
+    from flows._stage import ensure_experiment  # what every stage uses to find its experiment
     uri, experiment, name, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment)
+    mlflow.set_experiment(experiment_id=ensure_experiment(experiment))
     with mlflow.start_run(run_name=name):
         mlflow.log_params({f"p{i}": f"{name}-{i}" for i in range(30)})
         for step in range(n):  # one request per value: the most contention a logger can make
@@ -118,7 +120,7 @@ def test_two_concurrent_loggers_through_the_server_lose_nothing(server):
     n = 100
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     procs = [
-        subprocess.Popen([sys.executable, str(server["root"] / "logger.py"), server["url"], "concurrent", name, str(n)],
+        subprocess.Popen([sys.executable, str(server["root"] / "logger.py"), server["url"], "concurrent", name, str(n), str(REPO)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for name in ("scheduled", "user")
     ]
