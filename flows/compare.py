@@ -1,9 +1,10 @@
 """Stage `compare`: one table and one chart of every algorithm against the SFT baseline.
 
-reports/compare.md: algorithm, test accuracy (greedy), sampled accuracy (mean@k) and pass@k, mean turns,
-valid tool-call rate, train wall time, generated tokens (SFT first). reports/compare.png: validation accuracy against iteration, one line per
-algorithm starting at iteration -1 (the SFT model on the val split, before any update), and the SFT
-test accuracy as a dashed baseline. Both are logged to MLflow (run `compare`).
+reports/compare.md: algorithm, test accuracy (greedy), sampled accuracy (mean@k) and pass@k, mean
+turns, valid tool-call rate, train wall time, generated tokens (SFT first). reports/compare.png:
+validation accuracy against iteration, one line per algorithm starting at iteration -1 (the SFT model
+on the val split, before any update), and the SFT test accuracy as a dashed baseline. Both are logged
+to MLflow (run `compare`).
 """
 
 from __future__ import annotations

@@ -52,9 +52,8 @@ def play(params: Params, model: str, rows: list[dict]) -> tuple[list[dict], list
     )
     renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
 
-    def episodes(k: int) -> list[Episode]:
-        return [Episode(str(row["id"]) + (f"#{i}" if k else ""), str(row["id"]), spec.make_env(row), row)
-                for row in rows for i in range(max(k, 1))]
+    def episode(row: dict, traj_id: str) -> Episode:
+        return Episode(traj_id, str(row["id"]), spec.make_env(row), row)
 
     def run(eps: list[Episode], temperature: float, desc: str) -> list[dict]:
         return run_episodes(engine, renderer, eps, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len,
@@ -62,9 +61,9 @@ def play(params: Params, model: str, rows: list[dict]) -> tuple[list[dict], list
                             desc=desc)
 
     try:
-        greedy = run(episodes(0), 0.0, f"evaluate {model}")
-        sampled = run(episodes(ev.samples), ev.temperature, f"evaluate {model} (T={ev.temperature:g})") if ev.samples else []
-        return greedy, sampled
+        greedy = run([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
+        sampled = [episode(row, f"{row['id']}#{i}") for row in rows for i in range(ev.samples)]
+        return greedy, (run(sampled, ev.temperature, f"evaluate {model} (T={ev.temperature:g})") if sampled else [])
     finally:
         engine.close()
 
