@@ -7,7 +7,6 @@ metrics/sft.json and plots/sft_loss.csv for DVC.
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Iterator
 
@@ -38,13 +37,12 @@ def encode_examples(params: Params, tokenizer) -> tuple[list, int]:
     for row in rows:
         if not row["expert"]:
             continue
-        ex = encode_conversation(
-            tokenizer, spec.initial_messages(row) + json.loads(row["expert"]), spec.tools(), params.sft.max_len
-        )
-        if ex is None:
-            dropped += 1
-        else:
-            examples.append(ex)
+        for demo in spec.demonstrations(row):
+            ex = encode_conversation(tokenizer, spec.initial_messages(row) + demo, spec.tools(), params.sft.max_len)
+            if ex is None:
+                dropped += 1
+            else:
+                examples.append(ex)
     if not examples:
         raise StageError(f"sft: no expert trajectory fits sft.max_len={params.sft.max_len}")
     return examples, dropped
@@ -73,7 +71,7 @@ def train(params: Params) -> list[dict]:
     model, tokenizer = load_hf(BASE, dtype=torch.float32)
     examples, dropped = encode_examples(params, tokenizer)
     s = params.sft
-    print(f"sft: {len(examples)} expert conversations ({dropped} longer than sft.max_len dropped)")
+    print(f"sft: {len(examples)} demonstrations, expert and weaker ({dropped} longer than sft.max_len dropped)")
     engine = build_engine(
         model,
         lr=s.lr,

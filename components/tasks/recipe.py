@@ -20,7 +20,8 @@ __all__ = ["TaskRecipe"]
 @dataclass(frozen=True)
 class TaskRecipe:
     name: str
-    # (seed, n_train, n_val, n_test, min_calls, max_calls, max_operand) -> {"train", "val", "test"} tables
+    # (seed, n_train, n_val, n_test, min_calls, max_calls, max_operand, weak_ops, weak_per_question)
+    #   -> {"train", "val", "test"} tables
     generate_splits: Callable[..., dict[str, pl.DataFrame]]
     # (path, *, seed, n_train, n_val, n_test) -> {"train", "val", "test"} tables from a file
     load_splits: Callable[..., dict[str, pl.DataFrame]]
@@ -34,6 +35,8 @@ class TaskRecipe:
     initial_messages: Callable[[Mapping[str, Any]], list[dict[str, Any]]]
     # row -> expert messages after the user prompt
     expert_messages: Callable[[Mapping[str, Any]], list[dict[str, Any]]]
+    # row -> every demonstration SFT imitates for the row (the expert's first, then any weaker ones)
+    demonstrations: Callable[[Mapping[str, Any]], list[list[dict[str, Any]]]]
 
     def prepare(
         self,
@@ -45,6 +48,8 @@ class TaskRecipe:
         min_calls: int,
         max_calls: int,
         max_operand: int,
+        weak_ops: tuple[str, ...] = (),
+        weak_per_question: float = 0.0,
         source_path: str | Path | None = None,
     ) -> dict[str, pl.DataFrame]:
         """The three splits: generated, or loaded from ``source_path`` when given."""
@@ -53,4 +58,5 @@ class TaskRecipe:
         return self.generate_splits(
             seed=seed, n_train=n_train, n_val=n_val, n_test=n_test,
             min_calls=min_calls, max_calls=max_calls, max_operand=max_operand,
+            weak_ops=weak_ops, weak_per_question=weak_per_question,
         )

@@ -8,7 +8,7 @@ ToolEnv with the calculator (``calculator.py``); reward: exact match of ``<answe
 from components.envs.registry import register_task
 from components.tasks.calc.calculator import CalculatorTool, calculate, evaluate, format_number
 from components.tasks.calc.env import make_env, tools
-from components.tasks.calc.expert import expert_messages
+from components.tasks.calc.expert import demonstrations, expert_messages
 from components.tasks.calc.generator import generate_splits
 from components.tasks.calc.gsm8k import load_gsm8k, load_splits
 from components.tasks.calc.prompts import SYSTEM_PROMPT, initial_messages
@@ -26,6 +26,7 @@ RECIPE = register_task(
         reward=score,
         initial_messages=initial_messages,
         expert_messages=expert_messages,
+        demonstrations=demonstrations,
     ),
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "CalculatorTool",
     "SYSTEM_PROMPT",
     "calculate",
+    "demonstrations",
     "evaluate",
     "expert_messages",
     "format_number",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-__all__ = ["call_message", "tool_message", "answer_message", "encode_expert", "expert_messages"]
+__all__ = ["call_message", "tool_message", "answer_message", "encode_expert", "expert_messages", "demonstrations"]
 
 
 def call_message(expression: str) -> dict[str, Any]:
@@ -44,3 +44,15 @@ def expert_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ValueError(f"task row {row.get('id')!r}: column 'expert' is not a JSON list of messages")
     return messages
+
+
+def demonstrations(row: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
+    """Every demonstration of a task row: the expert's, then the weaker ones of its ``weak`` column."""
+    demos = [expert_messages(row)]
+    raw = row.get("weak")
+    if raw:
+        weak = json.loads(raw)
+        if not isinstance(weak, list) or not all(isinstance(d, list) for d in weak):
+            raise ValueError(f"task row {row.get('id')!r}: column 'weak' is not a JSON list of message lists")
+        demos += weak
+    return demos
