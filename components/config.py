@@ -35,6 +35,10 @@ class PrepareParams(Section):
     max_calls: int = Field(2, ge=1, le=8)
     # Largest operand in generated problems.
     max_operand: int = Field(99, ge=2, le=10**6)
+    # Weaker demonstrations beside the expert's (train split): operations the weaker demonstrator does
+    # in its head instead of calling the calculator, and its demonstrations per question on average.
+    weak_ops: list[Literal["add", "sub", "mul", "div"]] = []
+    weak_per_question: float = Field(0.0, ge=0, le=16)
     # A GSM8K-style file (parquet or jsonl with question/answer); None = generate problems.
     source_path: str | None = None
 
@@ -182,9 +186,21 @@ class TrainParams(Section):
     adam_eps: float = Field(1e-8, gt=0, le=1)
     # Reward added to a step whose tool call or answer is malformed (0 = none; e.g. -0.1).
     malformed_penalty: float = Field(0.0, le=0)
+    # Old log-probs of the policy ratio: "rollout" (the sampler's own: no actor forward; the sampler's
+    # log-probs are of softmax(logits), so this needs temperature 1) or "recompute" (one forward).
+    old_logprobs: Literal["rollout", "recompute"] = "rollout"
     # Greedy validation on this many val rows every `val_every` iterations (and after the last).
     val_every: int = Field(5, ge=1)
     val_samples: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _rollout_logprobs_need_t1(self) -> "TrainParams":
+        if self.old_logprobs == "rollout" and self.temperature != 1.0:
+            raise ValueError(
+                f"old_logprobs='rollout' needs temperature=1.0 (got temperature={self.temperature}): the "
+                "sampler reports log-probs of the untempered distribution; use old_logprobs='recompute'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _micro_divides(self) -> "TrainParams":
@@ -198,6 +214,30 @@ class TrainParams(Section):
 class CompareParams(Section):
     # Algorithms trained by `dvc repro` (keys of `algorithms`), compared in reports/compare.md.
     algorithms: list[str] = ["grpo", "ppo", "steppo"]
+    # RL seeds: every algorithm is trained once per seed from the one SFT checkpoint (trained with
+    # `seed`); the run of algorithm a with seed s is named `a-s<s>` (run_name).
+    seeds: list[int] = [0, 1]
+
+    @model_validator(mode="after")
+    def _seeds_valid(self) -> "CompareParams":
+        if not self.seeds:
+            raise ValueError("seeds=[] is empty: give at least one RL seed (e.g. [0])")
+        negative = [s for s in self.seeds if s < 0]
+        if negative:
+            raise ValueError(f"seeds={self.seeds}: every RL seed must be >= 0 (not {negative[0]})")
+        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+        if repeated:
+            raise ValueError(f"seeds={self.seeds} repeats {repeated[0]}: every RL seed must be unique")
+        return self
+
+    @staticmethod
+    def run_name(algo: str, seed: int) -> str:
+        """The name of one RL run: models/<name>/final, runs/<name>/, metrics/*_<name>.json, MLflow run."""
+        return f"{algo}-s{seed}"
+
+    def runs(self) -> list[tuple[str, int, str]]:
+        """(algorithm, RL seed, run name) of every compared run, algorithm-major."""
+        return [(a, s, self.run_name(a, s)) for a in self.algorithms for s in self.seeds]
 
 
 class MLflowParams(Section):

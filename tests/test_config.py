@@ -180,6 +180,8 @@ def test_every_bad_key_is_reported_at_once():
         ({"model.num_heads": 4, "model.num_kv_heads": 3}, ["model", "num_heads=4", "num_kv_heads=3"]),
         ({"compare.algorithms": ["grpo", "dapo"]}, ["compare.algorithms", "'dapo'", "grpo", "ppo", "steppo"]),
         ({"prepare.n_train": 100, "sft.rows": 100}, ["sft.rows=100", "prepare.n_train=100", "RL prompts"]),
+        ({"train.temperature": 0.7, "train.old_logprobs": "rollout"},
+         ["train", "old_logprobs='rollout'", "temperature=0.7"]),
     ],
 )
 def test_contradictory_values_name_the_keys(changes, words):

@@ -44,12 +44,17 @@ class SessionConfig:
     max_model_len: int
     kv_cache_gib: float
     seed: int
+    # Where old log-probs come from: "rollout" (the sampler's own, free; exact for an on-policy first
+    # pass when rollout and trainer agree numerically) or "recompute" (one actor forward per iteration).
+    old_logprobs: str = "recompute"
 
 
 class RLSession:
     def __init__(self, init_dir: str | Path, cfg: SessionConfig, tools: list[dict] | None) -> None:
         """Engines start from the HF checkpoint ``init_dir`` (the SFT model): actor, critic backbone,
         reference and rollout engine."""
+        if cfg.old_logprobs not in ("rollout", "recompute"):
+            raise ValueError(f"old_logprobs={cfg.old_logprobs!r}: expected 'rollout' or 'recompute'")
         self.cfg = cfg
         self.init_dir = Path(init_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.init_dir)
@@ -83,13 +88,23 @@ class RLSession:
     def annotate(self, rows: Sequence[dict], *, temperature: float = 1.0, batch_size: int = 32) -> list[dict]:
         """Rows + ``old_logprobs`` (actor now), ``ref_logprobs`` (reference) and critic ``values``.
 
-        Log-probs are of the sampling distribution, softmax(logits / temperature), as in the rollout."""
+        Log-probs are of the sampling distribution, softmax(logits / temperature), as in the rollout.
+        With ``old_logprobs="rollout"`` the rows' ``response_logprobs`` are the old log-probs and the actor
+        is not run; a forward pass happens only for a reference or a critic."""
         out: list[dict] = [dict(r) for r in rows]
+        from_rollout = self.cfg.old_logprobs == "rollout"
+        if from_rollout:
+            for r in out:
+                r["old_logprobs"] = list(r["response_logprobs"])
+            if self.ref is None and self.critic is None:
+                for r in out:
+                    r["ref_logprobs"], r["values"] = None, None
+                return out
         self.actor.eval()
         for idx in trajectory_chunks(rows, batch_size):
             chunk = [out[i] for i in idx]
             batch = make_token_batch([r["prompt_ids"] for r in chunk], [r["response_ids"] for r in chunk], self.pad_id)
-            old, _ = response_logprobs(self.actor.module, batch, temperature=temperature)
+            old = None if from_rollout else response_logprobs(self.actor.module, batch, temperature=temperature)[0]
             ref = response_logprobs(self.ref, batch, temperature=temperature)[0] if self.ref is not None else None
             values = None
             if self.critic is not None:
@@ -97,7 +112,8 @@ class RLSession:
                 values = critic_values(self.critic.module, batch, per_step=self.cfg.critic == "step")
             for i, r in enumerate(chunk):
                 n = len(r["response_ids"])
-                r["old_logprobs"] = old[i, :n].tolist()
+                if old is not None:
+                    r["old_logprobs"] = old[i, :n].tolist()
                 r["ref_logprobs"] = ref[i, :n].tolist() if ref is not None else None
                 if values is None:
                     r["values"] = None
