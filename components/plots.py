@@ -1,7 +1,12 @@
-"""Line charts as PNG files (learning curves, comparisons), drawn with matplotlib's Agg backend."""
+"""Line charts as PNG files (learning curves, comparisons), drawn with matplotlib's Agg backend.
+
+:func:`line_chart`: one line per series. :func:`band_chart`: panels of mean lines over min..max bands
+(several seeds of one algorithm).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -9,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from components.io import write_atomic  # noqa: E402
 
@@ -32,6 +38,63 @@ def line_chart(
     ax.grid(alpha=0.3)
     if series or baseline:
         ax.legend()
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
+
+
+@dataclass(frozen=True)
+class Band:
+    """One series of a band chart: ``mean`` drawn as a line, ``low``..``high`` as a shaded band."""
+
+    x: Sequence[float]
+    mean: Sequence[float]
+    low: Sequence[float]
+    high: Sequence[float]
+
+    def __post_init__(self) -> None:
+        n = len(self.x)
+        for name in ("mean", "low", "high"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Band: {name} has {len(getattr(self, name))} values but x has {n}")
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot: bands by series name, and labelled single points (label -> (x, y))."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    bands: Mapping[str, Band]
+    points: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def band_chart(panels: Sequence[Panel], path: str | Path, *, title: str) -> Path:
+    """Panels side by side; in each, every series is a mean line over a min..max band, and each point a
+    black marker. A series keeps its colour across panels. Atomic write."""
+    if not panels:
+        raise ValueError("band_chart: no panels")
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), dpi=110, squeeze=False)
+    names = list(dict.fromkeys(n for p in panels for n in p.bands))
+    colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
+    for ax, panel in zip(axes[0], panels):
+        for name, band in panel.bands.items():
+            c = colours[name]
+            ax.plot(list(band.x), list(band.mean), color=c, marker="o" if len(band.x) < 30 else None,
+                    markersize=3, label=name)
+            ax.fill_between(list(band.x), list(band.low), list(band.high), color=c, alpha=0.2, linewidth=0)
+        for i, (label, (px, py)) in enumerate(panel.points.items()):
+            ax.plot([px], [py], linestyle="none", marker="*^sD"[i % 4], markersize=11, color="black",
+                    label=label, zorder=5)
+        ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if panel.bands or panel.points:
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
     fig.tight_layout()
     try:
         return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))

@@ -1,8 +1,10 @@
 """pandera (polars) schemas of the tables that cross stages, and one-line validation errors.
 
 - :class:`TaskSchema`: a task split (``prepare`` output): one row per problem.
-- :class:`StepSchema`: rollout step rows (DESIGN.md "Step-level trajectory contract"); extra
+- :class:`StepSchema`: rollout step rows (one row per agent step, exact token ids); extra
   analysis columns are allowed.
+- :class:`ProblemSchema`: per-problem evaluation results (``evaluate`` output, read by ``compare``):
+  one row per evaluated problem.
 
 :func:`validate_table` validates lazily (every failure is collected) and raises a ``ValueError`` whose
 first line names the source, the 1-based row, the column and the failed check, e.g.
@@ -20,7 +22,7 @@ import pandera.errors as pa_errors
 import pandera.polars as pa
 import polars as pl
 
-__all__ = ["TaskSchema", "StepSchema", "validate_table", "SPLIT_NAMES"]
+__all__ = ["TaskSchema", "StepSchema", "ProblemSchema", "validate_table", "SPLIT_NAMES"]
 
 SPLIT_NAMES = ["train", "val", "test"]
 
@@ -63,6 +65,24 @@ class StepSchema(pa.DataFrameModel):
         return data.lazyframe.select(
             pl.col("response_logprobs").list.len() == pl.col("response_ids").list.len()
         )
+
+
+class ProblemSchema(pa.DataFrameModel):
+    """One evaluated problem: its greedy episode's correctness and the fraction of its sampled episodes
+    that are correct (null when the evaluation sampled none: ``n_sampled`` = 0)."""
+
+    id: str = pa.Field(unique=True)
+    correct: int = pa.Field(isin=[0, 1])
+    sampled_correct: float = pa.Field(ge=0, le=1, nullable=True)
+    n_sampled: int = pa.Field(ge=0)
+
+    class Config:
+        strict = False
+        coerce = True
+
+    @pa.check("sampled_correct", name="null exactly when n_sampled == 0")
+    def sampled_null_iff_none(cls, data: Any) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col(data.key).is_null() == (pl.col("n_sampled") == 0))
 
 
 # Dataframe-level checks, reported against the column they are about.

@@ -1,16 +1,24 @@
-"""Stage `compare`: one table and one chart of every algorithm against the SFT baseline.
+"""Stage `compare`: every algorithm (over its RL seeds) against the SFT baseline, with uncertainty.
 
-reports/compare.md: algorithm, test accuracy (greedy), sampled accuracy (mean@k) and pass@k, mean
-turns, valid tool-call rate, train wall time, generated tokens (SFT first). reports/compare.png:
-validation accuracy against iteration, one line per algorithm starting at iteration -1 (the SFT model
-on the val split, before any update), and the SFT test accuracy as a dashed baseline. Both are logged
-to MLflow (run `compare`).
+reports/compare.md: per algorithm the mean test accuracy over its seeds (greedy, and sampled mean@k)
+with a 95% bootstrap interval, its difference to SFT with a 95% interval (paired on test problems),
+pass@k, mean turns, tool use, format errors, train wall time and generated tokens (means over seeds);
+then every run's own values (one row per seed), the pairwise differences between algorithms, and one
+sentence per algorithm saying which differences are significant (their interval excludes 0). The
+statistics are in components/stats.py (percentile bootstrap over test problems, scipy).
+
+reports/compare.png: (a) validation accuracy against RL iteration, per algorithm the mean over seeds
+with a min..max band, and the SFT model at iteration -1 (the same val rows, before any update);
+(b) training reward (critic/score/mean) against iteration, mean and min..max band.
+Both are logged to MLflow (run `compare`).
 """
 
 from __future__ import annotations
 
 import json
+from itertools import combinations
 
+import numpy as np
 import polars as pl
 from prefect import flow, task
 
@@ -18,7 +26,14 @@ from flows import REPO
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from components.config import Params
 from components.io import write_text
-from components.plots import line_chart
+from components.plots import Band, Panel, band_chart
+from components.schemas import ProblemSchema, validate_table
+from components.stats import RESAMPLED, Estimate, curve_band, difference_interval, mean_interval, score_matrix
+
+CONFIDENCE = 0.95
+RESAMPLES = 10_000
+# Columns of eval json files shown when present (written by newer evaluate stages): key -> header.
+OPTIONAL_EVAL = {"tool_calls_per_step": "tool calls per step", "answer_without_tool_rate": "answer without tool"}
 
 
 def _load(name: str) -> dict:
@@ -28,39 +43,202 @@ def _load(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def _problems(name: str) -> pl.DataFrame:
+    path = REPO / "metrics" / f"problems_{name}.parquet"
+    if not path.is_file():
+        raise StageError(f"compare: {path} is missing (run the evaluate stage of {name} first)")
+    try:
+        return validate_table(pl.read_parquet(path), ProblemSchema, str(path.relative_to(REPO)))
+    except ValueError as err:
+        raise StageError(str(err)) from None
+
+
+def _curve(name: str) -> pl.DataFrame:
+    path = REPO / "plots" / f"train_{name}.csv"
+    if not path.is_file():
+        raise StageError(f"compare: {path} is missing (run train of {name} first)")
+    return pl.read_csv(path)
+
+
+def _estimates(params: Params) -> dict:
+    """Every number of the report: per-run metrics, and per algorithm the bootstrap estimates."""
+    c = params.compare
+    runs = {name: {"algo": a, "seed": s, "eval": _load(f"eval_{name}.json"), "train": _load(f"train_{name}.json"),
+                   "problems": _problems(name)} for a, s, name in c.runs()}
+    sft_problems = _problems("sft")
+    ids = sft_problems["id"].to_list()
+    sampled = all(df["n_sampled"].min() > 0 for df in [sft_problems, *(r["problems"] for r in runs.values())])
+    kinds = {"greedy": "correct", **({"sampled": "sampled_correct"} if sampled else {})}
+    kw = dict(confidence=CONFIDENCE, n_resamples=RESAMPLES, seed=0)
+
+    def matrix(names: list[str], column: str) -> np.ndarray:
+        tables = {f"metrics/problems_{n}.parquet": (sft_problems if n == "sft" else runs[n]["problems"]) for n in names}
+        try:
+            return score_matrix(tables, column, ids)
+        except ValueError as err:
+            raise StageError(f"compare: {err} (metrics/problems_sft.parquet is the reference)") from None
+
+    scores = {kind: {"sft": matrix(["sft"], col)} for kind, col in kinds.items()}
+    for kind, col in kinds.items():
+        for a in c.algorithms:
+            scores[kind][a] = matrix([c.run_name(a, s) for s in c.seeds], col)
+    est: dict = {"mean": {}, "vs_sft": {}, "pair": {}}
+    for kind, by_model in scores.items():
+        for model, m in by_model.items():
+            est["mean"][kind, model] = mean_interval(m, what=model, **kw)
+            if model != "sft":
+                est["vs_sft"][kind, model] = difference_interval(m, by_model["sft"], what=(model, "sft"), **kw)
+        for a, b in combinations(c.algorithms, 2):
+            est["pair"][kind, a, b] = difference_interval(by_model[a], by_model[b], what=(a, b), **kw)
+    return {"runs": runs, "sft": _load("eval_sft.json"), "kinds": list(kinds), "n_problems": len(ids), **est}
+
+
+def _pair(est: dict, kind: str, a: str, b: str) -> Estimate:
+    """a minus b (the stored estimate or its mirror: the same resamples, negated)."""
+    if (kind, a, b) in est["pair"]:
+        return est["pair"][kind, a, b]
+    e = est["pair"][kind, b, a]
+    return Estimate(-e.value, -e.high, -e.low, e.confidence)
+
+
+def significance(e: Estimate) -> str:
+    """A difference in words: significantly higher/lower when its interval excludes 0."""
+    if e.excludes_zero:
+        return f"significantly {'higher' if e.value > 0 else 'lower'} ({e.format(signed=True)}, interval excludes 0)"
+    return f"no significant difference ({e.format(signed=True)}, interval includes 0)"
+
+
+def _sentence(params: Params, est: dict, algo: str) -> str:
+    label = {"greedy": "greedy", "sampled": f"sampled mean@{params.evaluate.samples}"}
+    parts = [f"{label[kind]} accuracy {est['mean'][kind, algo].value:.3f}, against SFT "
+             f"{significance(est['vs_sft'][kind, algo])}" for kind in est["kinds"]]
+    for other in (o for o in params.compare.algorithms if o != algo):
+        parts.append(f"against {other}: " + ", ".join(
+            f"{label[kind]} {significance(_pair(est, kind, algo, other))}" for kind in est["kinds"]))
+    n = len(params.compare.seeds)
+    return f"- **{algo}** ({n} seed{'s' if n > 1 else ''}): " + "; ".join(parts) + "."
+
+
+def _fmt(v, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 @task
 def table(params: Params) -> str:
-    rows = []
-    for name in ["sft", *params.compare.algorithms]:
-        ev = _load(f"eval_{name}.json")
-        tr = _load(f"train_{name}.json") if name != "sft" else {}
-        sampled = (f"{ev['sampled_accuracy']:.3f} | {ev['pass_at_k']:.3f}" if "sampled_accuracy" in ev else "- | -")
-        rows.append(
-            f"| {name} | {ev['accuracy']:.3f} | {sampled} | {ev['mean_turns']:.2f} | {ev['valid_tool_call_rate']:.3f} "
-            f"| {ev['format_error_rate']:.3f} | {tr.get('train_wall_time_s', 0):.0f} | {int(tr.get('generated_tokens', 0))} |"
-        )
-    ev = params.evaluate
-    header = (
+    est = _estimates(params)
+    c, ev, runs = params.compare, params.evaluate, est["runs"]
+    sampled = "sampled" in est["kinds"]
+    optional = [k for k in OPTIONAL_EVAL if k in est["sft"] or any(k in r["eval"] for r in runs.values())]
+    k = ev.samples
+
+    def metric_cells(evals: list[dict], trains: list[dict]) -> list[str]:
+        m = lambda key: _mean([e.get(key) for e in evals])  # noqa: E731
+        t = lambda key: _mean([tr.get(key) for tr in trains])  # noqa: E731
+        cells = [_fmt(m("pass_at_k")) if sampled else "-", _fmt(m("mean_turns"), 2), _fmt(m("valid_tool_call_rate")),
+                 _fmt(m("format_error_rate"))]
+        cells += [_fmt(m(key)) for key in optional]
+        cells += ["-" if not trains else f"{t('train_wall_time_s'):.0f}",
+                  "-" if not trains else f"{t('generated_tokens'):.0f}"]
+        return cells
+
+    extra_headers = [OPTIONAL_EVAL[key] for key in optional]
+    tail_headers = ["pass@k", "mean turns", "valid tool calls", "format errors", *extra_headers,
+                    "train wall time (s)", "generated tokens"]
+
+    # 1. per algorithm: means over seeds with intervals, and the differences to SFT
+    head = ["algorithm", "seeds", "accuracy (greedy) [95% CI]", "greedy vs SFT [95% CI]"]
+    if sampled:
+        head += ["sampled accuracy (mean@k) [95% CI]", "sampled vs SFT [95% CI]"]
+    else:
+        head += ["sampled accuracy (mean@k)"]
+    head += tail_headers
+    lines = [_row(head), _row(["---"] * len(head))]
+    sft_cells = ["sft", "-", est["mean"]["greedy", "sft"].format(), "-"]
+    sft_cells += [est["mean"]["sampled", "sft"].format(), "-"] if sampled else ["-"]
+    lines.append(_row(sft_cells + metric_cells([est["sft"]], [])))
+    for a in c.algorithms:
+        mine = [r for r in runs.values() if r["algo"] == a]
+        cells = [a, ", ".join(str(r["seed"]) for r in mine), est["mean"]["greedy", a].format(),
+                 est["vs_sft"]["greedy", a].format(signed=True)]
+        if sampled:
+            cells += [est["mean"]["sampled", a].format(), est["vs_sft"]["sampled", a].format(signed=True)]
+        else:
+            cells += ["-"]
+        lines.append(_row(cells + metric_cells([r["eval"] for r in mine], [r["train"] for r in mine])))
+
+    # 2. every run
+    per_seed = [_row(["run", "algorithm", "RL seed", "accuracy (greedy)", "sampled accuracy (mean@k)", *tail_headers])]
+    per_seed.append(_row(["---"] * (5 + len(tail_headers))))
+    per_seed.append(_row(["sft", "-", "-", _fmt(est["sft"]["accuracy"]), _fmt(est["sft"].get("sampled_accuracy"))]
+                         + metric_cells([est["sft"]], [])))
+    for name, r in runs.items():
+        per_seed.append(_row([name, r["algo"], str(r["seed"]), _fmt(r["eval"]["accuracy"]),
+                              _fmt(r["eval"].get("sampled_accuracy"))] + metric_cells([r["eval"]], [r["train"]])))
+
+    # 3. algorithm against algorithm
+    pairs = list(combinations(c.algorithms, 2))
+    pair_lines = []
+    if pairs:
+        pair_head = ["difference", "greedy [95% CI]"] + (["sampled (mean@k) [95% CI]"] if sampled else [])
+        pair_lines = [_row(pair_head), _row(["---"] * len(pair_head))]
+        for a, b in pairs:
+            pair_lines.append(_row([f"{a} - {b}"] + [_pair(est, kind, a, b).format(signed=True) for kind in est["kinds"]]))
+
+    n_seeds = len(c.seeds)
+    text = (
         f"# {params.task}: RL algorithms against the SFT baseline\n\n"
-        f"{ev.split.capitalize()} split, multi-turn with the real tools. Accuracy is of one greedy episode per problem; "
-        f"sampled accuracy (mean@k) and pass@k of k = {ev.samples} episodes per problem at temperature {ev.temperature:g}. "
-        "Wall time and generated tokens are of RL training.\n\n"
-        "| algorithm | accuracy (greedy) | sampled accuracy (mean@k) | pass@k | mean turns | valid tool calls "
-        "| format errors | train wall time (s) | generated tokens |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        f"{ev.split.capitalize()} split ({est['n_problems']} problems), multi-turn with the real tools. "
+        f"Accuracy is of one greedy episode per problem; sampled accuracy (mean@k) and pass@k of k = {k} episodes "
+        f"per problem at temperature {ev.temperature:g}. Every algorithm is trained {n_seeds} time"
+        f"{'s' if n_seeds > 1 else ''} from the one SFT checkpoint (SFT seed {params.seed}), with RL seeds "
+        f"{', '.join(map(str, c.seeds))}; its values are means over those runs. Wall time and generated tokens "
+        "are of RL training.\n\n"
+        f"Intervals are {CONFIDENCE:.0%} percentile bootstrap intervals ({RESAMPLES} resamples, scipy.stats.bootstrap) "
+        f"over {RESAMPLED}. A difference to SFT is paired on problems: each problem's correctness averaged "
+        "over the algorithm's seeds minus SFT's on that problem. The intervals measure the uncertainty from the "
+        "finite test set for these seeds; the per-run table shows the spread between seeds, which the intervals do "
+        "not include. A difference is called significant when its interval excludes 0.\n\n"
+        + "\n".join(lines) + "\n\n"
+        "## Every run\n\n" + "\n".join(per_seed) + "\n\n"
+        + ("## Algorithm against algorithm\n\n" + "\n".join(pair_lines) + "\n\n" if pair_lines else "")
+        + "## In words\n\n" + "\n".join(_sentence(params, est, a) for a in c.algorithms) + "\n"
     )
-    return str(write_text(header + "\n".join(rows) + "\n", REPO / "reports" / "compare.md"))
+    return str(write_text(text, REPO / "reports" / "compare.md"))
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 @task
 def chart(params: Params) -> str:
-    series = {}
-    for algo in params.compare.algorithms:
-        df = pl.read_csv(REPO / "plots" / f"train_{algo}.csv").filter(pl.col("val_accuracy").is_not_null())
-        series[algo] = (df["iteration"].to_list(), df["val_accuracy"].to_list())
-    sft = _load("eval_sft.json")["accuracy"]
-    return str(line_chart(series, REPO / "reports" / "compare.png", title=f"{params.task}: validation accuracy",
-                          xlabel="RL iteration", ylabel="accuracy (greedy)", baseline=("SFT (test)", sft)))
+    c = params.compare
+    val, score = {}, {}
+    initial = []
+    for a in c.algorithms:
+        curves = {name: _curve(name) for name in (c.run_name(a, s) for s in c.seeds)}
+        try:
+            v = curve_band(curves, "iteration", "val_accuracy")
+            r = curve_band(curves, "iteration", "score_mean")
+        except ValueError as err:
+            raise StageError(f"compare: plots/train_<run>.csv: {err}") from None
+        val[a] = Band(v["iteration"].to_list(), v["mean"].to_list(), v["low"].to_list(), v["high"].to_list())
+        score[a] = Band(r["iteration"].to_list(), r["mean"].to_list(), r["low"].to_list(), r["high"].to_list())
+        for df in curves.values():  # iteration -1: the SFT policy on the val rows, before any update
+            initial += df.filter(pl.col("iteration") == -1)["val_accuracy"].drop_nulls().to_list()
+    points = {"SFT (val, iteration -1)": (-1.0, sum(initial) / len(initial))} if initial else {}
+    seeds = ", ".join(map(str, c.seeds))
+    panels = [
+        Panel("(a) validation accuracy (greedy)", "RL iteration", "accuracy", val, points),
+        Panel("(b) training reward (critic/score/mean)", "RL iteration", "mean score", score),
+    ]
+    return str(band_chart(panels, REPO / "reports" / "compare.png",
+                          title=f"{params.task}: mean over RL seeds {seeds}, band = min..max over seeds"))
 
 
 @flow(name="compare")
@@ -76,8 +254,21 @@ def compare_flow(params: Params) -> str:
     return text
 
 
+def inputs(params: Params) -> list[str]:
+    """The files the report reads (relative to the repo)."""
+    names = [name for _, _, name in params.compare.runs()]
+    return (["metrics/eval_sft.json", "metrics/problems_sft.parquet"]
+            + [f"metrics/{kind}_{n}.json" for n in names for kind in ("eval", "train")]
+            + [f"metrics/problems_{n}.parquet" for n in names] + [f"plots/train_{n}.csv" for n in names])
+
+
 def main(params: str) -> None:
-    compare_flow(read_params(params))
+    p = read_params(params)
+    missing = [f for f in inputs(p) if not (REPO / f).is_file()]
+    if missing:
+        raise StageError(f"compare: {len(missing)} input file(s) missing, e.g. {', '.join(missing[:4])} "
+                         "(run the train and evaluate stages of every run of compare.algorithms x compare.seeds)")
+    compare_flow(p)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-"""Stage `evaluate@<model>`: multi-turn evaluation of models/<model> on a held-out split.
+"""Stages `evaluate_sft` and `evaluate@<algo>-<seed>`: multi-turn evaluation of a model on a held-out split.
 
+`--model sft` evaluates models/sft, `--model grpo-s1` the RL run grpo-s1 (models/grpo-s1/final).
 Plays every row of the split to the end with the task's real tools, generating with the rollout
 engine (vLLM by default): one greedy episode per row, and ``evaluate.samples`` sampled ones at
 ``evaluate.temperature``. Writes metrics/eval_<model>.json (greedy accuracy, mean turns, valid tool-call
-rate, format-error rate; sampled_accuracy = mean@k and pass_at_k of the sampled episodes), logs the
-same to MLflow with a readable sample of greedy trajectories.
+rate, format-error rate; sampled_accuracy = mean@k and pass_at_k of the sampled episodes) and
+metrics/problems_<model>.parquet (one row per problem: greedy correctness, fraction of sampled episodes
+correct; components.schemas.ProblemSchema), which the compare stage bootstraps. Logs the metrics to
+MLflow with a readable sample of greedy trajectories.
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ from flows._trajectories import render_samples
 from components.agent.loop import Episode, episode_metrics, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
 from components.config import Params
-from components.io import write_json
+from components.io import write_json, write_parquet
 from components.model.tiny import is_complete_checkpoint
 from components.rollout import make_engine
 from components.envs import get_task
+from components.schemas import ProblemSchema, validate_table
+from components.stats import problem_results
 
 
 def model_dir(name: str):
-    """models/<name> (sft), or models/<name>/final (an RL algorithm)."""
+    """models/<name> (sft), or models/<name>/final (an RL run, e.g. grpo-s0)."""
     final = REPO / "models" / name / "final"
     return final if final.is_dir() else REPO / "models" / name
 
@@ -85,6 +90,9 @@ def evaluate_flow(params: Params, model: str) -> dict[str, float]:
             metrics["sampled_temperature"] = params.evaluate.temperature
         metrics["wall_time_s"] = time.perf_counter() - start
         metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in steps + sampled))
+        problems = problem_results([str(i) for i in df["id"].to_list()], steps, sampled)
+        problems = validate_table(problems, ProblemSchema, f"evaluate {model}: per-problem results")
+        write_parquet(problems, REPO / "metrics" / f"problems_{model}.parquet")
         write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
         mlflow.log_metrics({f"eval/{k}": v for k, v in metrics.items()})
         tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
@@ -108,4 +116,4 @@ def main(params: str, model: str) -> None:
 
 
 if __name__ == "__main__":
-    stage_main(main, ("--model", {"required": True, "help": "a directory under models/ (e.g. sft)"}))
+    stage_main(main, ("--model", {"required": True, "help": "sft, or an RL run <algo>-s<seed> (e.g. grpo-s0)"}))

@@ -1,7 +1,13 @@
-"""Stage `train@<algo>`: RL from the SFT model with one algorithm -> models/<algo>/final, runs/<algo>/.
+"""Stage `train@<algo>-<seed>`: RL from the SFT model with one algorithm and one RL seed.
+
+`python -m flows.train --algo grpo --rl-seed 1` is the run named `grpo-s1` (CompareParams.run_name):
+models/grpo-s1/final, runs/grpo-s1/, metrics/train_grpo-s1.json, plots/train_grpo-s1.{csv,png} and
+the MLflow run `grpo-s1` (tags steprl.algo, steprl.rl_seed). The RL seed replaces params.seed for
+everything this stage draws (prompt sampling, rollout sampling, update shuffles, engine seeds); the
+SFT checkpoint it starts from is the same for every seed.
 
 Each iteration runs the Prefect tasks rollout -> score -> advantage -> update -> sync. Tables go to
-runs/<algo>/iter_<k>/ (rollouts, scored, batch parquet); each task is cached on the content of what
+runs/<name>/iter_<k>/ (rollouts, scored, batch parquet); each task is cached on the content of what
 it reads, and a finished iteration leaves a resumable checkpoint and a done marker. Rerunning after a
 crash restores the engines from the last finished iteration and resumes at the first unfinished task;
 MLflow gets each iteration's metrics exactly once (the run is resumed, missing steps are filled from
@@ -27,7 +33,7 @@ from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 from components.agent.loop import Episode, episode_metrics
 from components.algos import get_advantage_estimator, get_preset
-from components.config import Params
+from components.config import CompareParams, Params
 from components.envs import get_task
 from components.io import write_json, write_parquet, write_text
 from components.model.tiny import is_complete_checkpoint, save_hf
@@ -40,7 +46,7 @@ from flows.train_metrics import iteration_metrics
 SFT = REPO / "models" / "sft"
 MARKER = "steprl_complete.json"
 KEEP_CHECKPOINTS = 2
-_SESSION: dict[str, RLSession] = {}  # engines live in the flow process, never as task inputs
+_SESSION: dict[str, RLSession] = {}  # by run name; engines live in the flow process, never as task inputs
 
 
 def resolved(params: Params, algo: str) -> dict:
@@ -59,16 +65,17 @@ def rl_prompts(train: pl.DataFrame, params: Params) -> pl.DataFrame:
     return train.slice(params.sft.rows or 0)
 
 
-def run_dir(algo: str) -> Path:
-    return REPO / "runs" / algo
+def run_dir(name: str) -> Path:
+    return REPO / "runs" / name
 
 
-def iter_dir(algo: str, k: int) -> Path:
-    return run_dir(algo) / f"iter_{k:04d}"
+def iter_dir(name: str, k: int) -> Path:
+    return run_dir(name) / f"iter_{k:04d}"
 
 
 def fingerprint(params: Params, algo: str) -> dict:
-    """What a run's iterations depend on: a different fingerprint starts the run afresh."""
+    """What a run's iterations depend on: a different fingerprint starts the run afresh.
+    ``params.seed`` is the run's RL seed here."""
     return {
         "algo": params.algorithms[algo].model_dump(),
         "train": params.train.model_dump(exclude={"iterations", "val_every", "val_samples"}),
@@ -83,7 +90,7 @@ def fingerprint(params: Params, algo: str) -> dict:
 
 # --- tasks -------------------------------------------------------------------------------------
 @task(cache_key_fn=content_key("policy", "train_split"), persist_result=True)
-def rollout(algo: str, k: int, policy: str, train_split: str, params: Params, run: str) -> str:
+def rollout(algo: str, name: str, k: int, policy: str, train_split: str, params: Params, run: str) -> str:
     """Sample this iteration's prompts (each samples_per_prompt times) and play them to the end."""
     spec = get_task(params.task)
     a, t, r = params.algorithms[algo], params.train, params.rollout
@@ -94,16 +101,16 @@ def rollout(algo: str, k: int, policy: str, train_split: str, params: Params, ru
         Episode(f"{k}-{row['id']}-{j}", f"{k}-{row['id']}", spec.make_env(row, malformed_penalty=t.malformed_penalty), row)
         for row in picked for j in range(a.samples_per_prompt)
     ]
-    steps = _SESSION[algo].play(
+    steps = _SESSION[name].play(
         episodes, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len,
-        temperature=t.temperature, seed=params.seed * 7919 + k, desc=f"{algo} rollout {k}",
+        temperature=t.temperature, seed=params.seed * 7919 + k, desc=f"{name} rollout {k}",
     )
-    df = validate_table(pl.DataFrame(steps), StepSchema, f"{algo} iteration {k} rollouts")
-    return str(write_parquet(df, iter_dir(algo, k) / "rollouts.parquet"))
+    df = validate_table(pl.DataFrame(steps), StepSchema, f"{name} iteration {k} rollouts")
+    return str(write_parquet(df, iter_dir(name, k) / "rollouts.parquet"))
 
 
 @task(cache_key_fn=content_key("rollouts"), persist_result=True)
-def score(algo: str, k: int, rollouts: str, run: str) -> str:
+def score(name: str, k: int, rollouts: str, run: str) -> str:
     """Trajectory returns and outcomes next to the step rewards the environment gave."""
     df = pl.read_parquet(rollouts)
     df = df.with_columns(
@@ -111,27 +118,27 @@ def score(algo: str, k: int, rollouts: str, run: str) -> str:
         traj_correct=pl.col("correct").any().over("traj_id"),
         num_steps=pl.len().over("traj_id"),
     )
-    return str(write_parquet(df, iter_dir(algo, k) / "scored.parquet"))
+    return str(write_parquet(df, iter_dir(name, k) / "scored.parquet"))
 
 
 @task(cache_key_fn=content_key("scored", "policy"), persist_result=True)
-def advantage(algo: str, k: int, scored: str, policy: str, params: Params, run: str) -> str:
+def advantage(algo: str, name: str, k: int, scored: str, policy: str, params: Params, run: str) -> str:
     """Old/reference log-probs and critic values, then the estimator: batch.parquet."""
     t, parts = params.train, resolved(params, algo)
-    rows = _SESSION[algo].annotate(pl.read_parquet(scored).to_dicts(), temperature=t.temperature)
+    rows = _SESSION[name].annotate(pl.read_parquet(scored).to_dicts(), temperature=t.temperature)
     rows = compute_advantages(rows, estimator=parts["estimator"], gamma=t.gamma, lam=t.lam,
                               kl_coef=t.kl_coef, kl_kind=t.kl_kind, kl_in_reward=t.kl_in_reward)
-    return str(write_parquet(pl.DataFrame(rows, infer_schema_length=None), iter_dir(algo, k) / "batch.parquet"))
+    return str(write_parquet(pl.DataFrame(rows, infer_schema_length=None), iter_dir(name, k) / "batch.parquet"))
 
 
 @task(cache_key_fn=content_key("batch", "policy"), persist_result=True)
-def update(algo: str, k: int, batch: str, policy: str, params: Params, run: str) -> dict:
+def update(algo: str, name: str, k: int, batch: str, policy: str, params: Params, run: str) -> dict:
     """Actor (and critic) PPO epochs on batch.parquet; saves the iteration's resumable checkpoint."""
     t, a, parts = params.train, params.algorithms[algo], resolved(params, algo)
     rows = pl.read_parquet(batch).to_dicts()
     common = dict(epochs=t.ppo_epochs, mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
                   seed=params.seed * 31 + k)
-    metrics = _SESSION[algo].update(
+    metrics = _SESSION[name].update(
         rows,
         train_actor=k >= t.critic_warmup,
         actor_kw=dict(policy_loss=parts["policy_loss"], loss_agg=parts["loss_agg"], clip_low=a.clip_low,
@@ -141,24 +148,25 @@ def update(algo: str, k: int, batch: str, policy: str, params: Params, run: str)
                       temperature=t.temperature, **common),
         critic_kw=dict(value_clip=t.value_clip, **common),
     )
-    ckpt = _SESSION[algo].save(iter_dir(algo, k) / "checkpoint", metadata={"iteration": k, "algo": algo})
+    ckpt = _SESSION[name].save(iter_dir(name, k) / "checkpoint",
+                               metadata={"iteration": k, "algo": algo, "rl_seed": params.seed})
     return {"checkpoint": ckpt, "metrics": metrics}
 
 
 @task(cache_policy=NO_CACHE)
-def sync(algo: str) -> None:
-    _SESSION[algo].sync()
+def sync(name: str) -> None:
+    _SESSION[name].sync()
 
 
 @task(cache_policy=NO_CACHE)
-def validate(algo: str, k: int, params: Params) -> dict:
+def validate(name: str, k: int, params: Params) -> dict:
     spec = get_task(params.task)
     r = params.rollout
     rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "val.parquet").head(params.train.val_samples).to_dicts()
     episodes = [Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row), row) for row in rows]
-    steps = _SESSION[algo].play(episodes, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len,
+    steps = _SESSION[name].play(episodes, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len,
                                 max_response_len=r.max_response_len, temperature=0.0, seed=params.seed,
-                                desc=f"{algo} validate {k}")
+                                desc=f"{name} validate {k}")
     return {f"val/{key}": v for key, v in episode_metrics(steps).items() if key != "n_episodes"}
 
 
@@ -175,15 +183,15 @@ def _open_session(params: Params, algo: str) -> RLSession:
     return RLSession(SFT, cfg, get_task(params.task).tools())
 
 
-def _prepare_run_dir(params: Params, algo: str) -> str:
+def _prepare_run_dir(params: Params, algo: str, name: str) -> str:
     """The run directory, wiped when what its iterations depend on changed; returns the run's id.
 
     The id scopes the Prefect cache to this run directory: a fresh run never reuses a cached result
     whose files were deleted with an earlier run directory."""
-    d, fp = run_dir(algo), json.loads(json.dumps(fingerprint(params, algo)))
+    d, fp = run_dir(name), json.loads(json.dumps(fingerprint(params, algo)))
     stamp = d / "fingerprint.json"
     if d.exists() and (not stamp.is_file() or json.loads(stamp.read_text()).get("depends_on") != fp):
-        print(f"{algo}: params or SFT model changed since {d} was written: starting afresh")
+        print(f"{name}: params or SFT model changed since {d} was written: starting afresh")
         shutil.rmtree(d)
     d.mkdir(parents=True, exist_ok=True)
     if not stamp.is_file():
@@ -191,139 +199,149 @@ def _prepare_run_dir(params: Params, algo: str) -> str:
     return json.loads(stamp.read_text())["run_id"]
 
 
-def _finished(algo: str, k: int) -> bool:
-    return (iter_dir(algo, k) / "done.json").is_file()
+def _finished(name: str, k: int) -> bool:
+    return (iter_dir(name, k) / "done.json").is_file()
 
 
 @flow(name="train")
-def train_flow(params: Params, algo: str) -> dict:
+def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
+    """RL run ``algo`` with RL seed ``rl_seed``: ``params.seed`` is the seed of the SFT model it starts
+    from; everything the run draws uses ``rl_seed`` instead."""
     import mlflow
 
-    run = _prepare_run_dir(params, algo)
+    sft_seed, params = params.seed, params.model_copy(update={"seed": rl_seed})
+    name = CompareParams.run_name(algo, rl_seed)
+    run = _prepare_run_dir(params, algo, name)
     t = params.train
-    session = _SESSION[algo] = _open_session(params, algo)
-    done = [k for k in range(t.iterations) if _finished(algo, k)]
+    session = _SESSION[name] = _open_session(params, algo)
+    done = [k for k in range(t.iterations) if _finished(name, k)]
     last = max(done, default=-1)
     if last >= 0:
-        print(f"{algo}: resuming after iteration {last}")
-        session.restore(iter_dir(algo, last) / "checkpoint")
-    run_file = run_dir(algo) / "mlflow_run.json"
+        print(f"{name}: resuming after iteration {last}")
+        session.restore(iter_dir(name, last) / "checkpoint")
+    run_file = run_dir(name) / "mlflow_run.json"
     run_id = json.loads(run_file.read_text())["run_id"] if run_file.is_file() else None
     start = time.perf_counter()
+    tags = {"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)}
     try:
-        with mlflow_run(params, algo, ["train", f"algorithms.{algo}", "rollout"], run_id=run_id,
-                        tags={"steprl.algo": algo}) as active:
+        with mlflow_run(params, name, ["train", f"algorithms.{algo}", "rollout"], run_id=run_id, tags=tags) as active:
             write_json({"run_id": active.info.run_id}, run_file)
             history_of = mlflow.tracking.MlflowClient().get_metric_history
             logged = {m.step for m in history_of(active.info.run_id, "timing_s/iteration")}
-            initial = _initial_validation(params, algo, resumed=last >= 0)
+            initial = _initial_validation(params, name, resumed=last >= 0)
             history = [] if initial is None else [{"iteration": -1, "val/accuracy": initial}]
             for k in range(t.iterations):
-                if _finished(algo, k):
-                    metrics = json.loads((iter_dir(algo, k) / "metrics.json").read_text())
+                if _finished(name, k):
+                    metrics = json.loads((iter_dir(name, k) / "metrics.json").read_text())
                 else:
-                    metrics = _iteration(params, algo, k, run)
+                    metrics = _iteration(params, algo, name, k, run)
                 if k not in logged:  # exactly once per iteration, even across crashes
                     mlflow.log_metrics(metrics, step=k)
-                    samples = iter_dir(algo, k) / "samples.md"
+                    samples = iter_dir(name, k) / "samples.md"
                     if samples.is_file():
                         mlflow.log_artifact(str(samples), artifact_path=f"samples/iter_{k:04d}")
                 history.append({"iteration": k, **metrics})
-            summary = _finish(params, algo, history, time.perf_counter() - start)
-            mlflow.log_artifacts(str(REPO / "models" / algo / "final"), artifact_path="checkpoint")
-            mlflow.log_artifact(str(REPO / "plots" / f"train_{algo}.png"), artifact_path="plots")
+            summary = _finish(params, algo, name, history, time.perf_counter() - start)
+            mlflow.log_artifacts(str(REPO / "models" / name / "final"), artifact_path="checkpoint")
+            mlflow.log_artifact(str(REPO / "plots" / f"train_{name}.png"), artifact_path="plots")
     finally:
         session.close()
-        _SESSION.pop(algo, None)
+        _SESSION.pop(name, None)
     return summary
 
 
-def _initial_validation(params: Params, algo: str, resumed: bool) -> float | None:
+def _initial_validation(params: Params, name: str, resumed: bool) -> float | None:
     """Greedy val accuracy of the starting (SFT) policy: the curves' point at iteration -1, computed
     once before the first update (None for a run resumed from a directory that lacks it)."""
-    path = run_dir(algo) / "val_initial.json"
+    path = run_dir(name) / "val_initial.json"
     if not path.is_file():
         if resumed:
             return None
-        write_json(validate(algo, -1, params), path)
+        write_json(validate(name, -1, params), path)
     return json.loads(path.read_text())["val/accuracy"]
 
 
-def _iteration(params: Params, algo: str, k: int, run: str) -> dict:
-    session, t = _SESSION[algo], params.train
+def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
+    session, t = _SESSION[name], params.train
     policy = Path(session.version)
     policy_marker = str(policy / MARKER) if (policy / MARKER).is_file() else str(policy / "actor" / MARKER)
     timing = {}
     t0 = time.perf_counter()
-    rollouts = rollout(algo, k, policy_marker, str(REPO / "data" / "processed" / params.task / "train.parquet"), params, run)
+    train_split = str(REPO / "data" / "processed" / params.task / "train.parquet")
+    rollouts = rollout(algo, name, k, policy_marker, train_split, params, run)
     timing["rollout"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    scored = score(algo, k, rollouts, run)
+    scored = score(name, k, rollouts, run)
     timing["score"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    batch = advantage(algo, k, scored, policy_marker, params, run)
+    batch = advantage(algo, name, k, scored, policy_marker, params, run)
     timing["advantage"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    out = update(algo, k, batch, policy_marker, params, run)
+    out = update(algo, name, k, batch, policy_marker, params, run)
     timing["update"] = time.perf_counter() - t1
     if session.version != out["checkpoint"]:  # a cached update: the engines must hold its result
         session.restore(out["checkpoint"])
     t1 = time.perf_counter()
-    sync(algo)
+    sync(name)
     timing["sync"] = time.perf_counter() - t1
     metrics = iteration_metrics(pl.read_parquet(batch), out["metrics"])
     last = k == t.iterations - 1
     if (k + 1) % t.val_every == 0 or last or k == 0:
         t1 = time.perf_counter()
-        metrics.update(validate(algo, k, params))
+        metrics.update(validate(name, k, params))
         timing["validation"] = time.perf_counter() - t1
     timing["iteration"] = time.perf_counter() - t0
-    metrics.update({f"timing_s/{name}": v for name, v in timing.items()})
+    metrics.update({f"timing_s/{key}": v for key, v in timing.items()})
     metrics["perf/tokens_per_s"] = metrics["perf/generated_tokens"] / max(timing["rollout"], 1e-9)
-    d = iter_dir(algo, k)
+    d = iter_dir(name, k)
     steps = pl.read_parquet(rollouts).to_dicts()
     write_text(render_samples(steps, limit=8, tokenizer=session.tokenizer), d / "samples.md")
     write_json(metrics, d / "metrics.json")
     write_json({"iteration": k}, d / "done.json")
-    finished = sorted(p for p in run_dir(algo).glob("iter_*") if (p / "done.json").is_file())
+    finished = sorted(p for p in run_dir(name).glob("iter_*") if (p / "done.json").is_file())
     prune(finished, KEEP_CHECKPOINTS, lambda p: p / "checkpoint")
-    print(f"{algo} iteration {k}: score {metrics['critic/score/mean']:.3f}"
+    print(f"{name} iteration {k}: score {metrics['critic/score/mean']:.3f}"
           + (f", val accuracy {metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "")
           + f", {timing['iteration']:.1f}s")
     return metrics
 
 
-def _finish(params: Params, algo: str, history: list[dict], wall: float) -> dict:
-    session = _SESSION[algo]
+def _finish(params: Params, algo: str, name: str, history: list[dict], wall: float) -> dict:
+    session = _SESSION[name]
     val = [h for h in history if "val/accuracy" in h]  # from iteration -1 (the SFT policy) on
     history = [h for h in history if h["iteration"] >= 0]
-    save_hf(session.actor.module, session.tokenizer, REPO / "models" / algo / "final",
-            metadata={"algo": algo, "iterations": len(history)})
+    save_hf(session.actor.module, session.tokenizer, REPO / "models" / name / "final",
+            metadata={"algo": algo, "rl_seed": params.seed, "iterations": len(history)})
     summary = {
         "algo": algo,
+        "rl_seed": params.seed,
+        "run": name,
         "iterations": len(history),
         "final_val_accuracy": val[-1]["val/accuracy"] if val else None,
         "generated_tokens": sum(h["perf/generated_tokens"] for h in history),
         "train_wall_time_s": sum(h["timing_s/iteration"] for h in history),
         "this_run_wall_time_s": wall,
     }
-    write_json(summary, REPO / "metrics" / f"train_{algo}.json")
+    write_json(summary, REPO / "metrics" / f"train_{name}.json")
     rows = [h for h in val if h["iteration"] < 0] + history
     write_text("iteration,val_accuracy,score_mean\n" + "".join(
         f"{h['iteration']},{h.get('val/accuracy', '')},{h.get('critic/score/mean', '')}\n" for h in rows),
-        REPO / "plots" / f"train_{algo}.csv")
+        REPO / "plots" / f"train_{name}.csv")
     line_chart(
         {"val accuracy": ([h["iteration"] for h in val], [h["val/accuracy"] for h in val]),
          "train score": ([h["iteration"] for h in history], [h["critic/score/mean"] for h in history])},
-        REPO / "plots" / f"train_{algo}.png", title=f"{algo} on {params.task}", xlabel="iteration", ylabel="accuracy / score",
+        REPO / "plots" / f"train_{name}.png", title=f"{name} on {params.task}", xlabel="iteration",
+        ylabel="accuracy / score",
     )
     return summary
 
 
-def main(params: str, algo: str) -> None:
+def main(params: str, algo: str, rl_seed: int) -> None:
     p = read_params(params)
     if algo not in p.algorithms:
         raise StageError(f"--algo {algo!r} is not a key of algorithms (known: {sorted(p.algorithms)})")
+    if rl_seed < 0:
+        raise StageError(f"--rl-seed {rl_seed}: an RL seed must be >= 0 (compare.seeds: {p.compare.seeds})")
     if not is_complete_checkpoint(SFT):
         raise StageError(f"train: {SFT} is not a complete checkpoint (run the sft stage first)")
     train_rows = pl.scan_parquet(REPO / "data" / "processed" / p.task / "train.parquet").select(pl.len()).collect().item()
@@ -334,8 +352,13 @@ def main(params: str, algo: str) -> None:
     if get_advantage_estimator(parts["estimator"]).needs_groups and p.algorithms[algo].samples_per_prompt < 2:
         raise StageError(f"algorithms.{algo}.samples_per_prompt=1 but estimator {parts['estimator']} "
                          "needs samples_per_prompt >= 2 (its baseline is the other samples of the prompt)")
-    train_flow(p, algo)
+    train_flow(p, algo, rl_seed)
 
 
 if __name__ == "__main__":
-    stage_main(main, ("--algo", {"required": True, "help": "a key of params.yaml: algorithms"}))
+    stage_main(
+        main,
+        ("--algo", {"required": True, "help": "a key of params.yaml: algorithms"}),
+        ("--rl-seed", {"required": True, "type": int, "dest": "rl_seed",
+                       "help": "RL seed (e.g. one of compare.seeds); replaces `seed` for everything RL draws"}),
+    )

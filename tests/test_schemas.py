@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from components.schemas import StepSchema, TaskSchema, validate_table
+from components.schemas import ProblemSchema, StepSchema, TaskSchema, validate_table
 
 
 def task_df(**overrides) -> pl.DataFrame:
@@ -114,3 +114,34 @@ def test_step_schema_rejects_bad_rows(overrides, message):
 def test_step_schema_missing_columns():
     with pytest.raises(ValueError, match=r"missing column\(s\) \['response_logprobs', 'feedback'\]"):
         validate_table(step_df().drop("response_logprobs", "feedback"), StepSchema, "r")
+
+
+# --- ProblemSchema (per-problem evaluation results) ---------------------------------------------------
+
+
+def problem_df(**overrides) -> pl.DataFrame:
+    data = {"id": ["a", "b", "c"], "correct": [1, 0, 1], "sampled_correct": [0.5, 0.0, 1.0], "n_sampled": [2, 2, 2]}
+    data.update(overrides)
+    return pl.DataFrame(data)
+
+
+def test_problem_schema_accepts_results_with_and_without_samples():
+    assert validate_table(problem_df(), ProblemSchema, "p").height == 3
+    greedy_only = problem_df(sampled_correct=[None, None, None], n_sampled=[0, 0, 0])
+    assert validate_table(greedy_only, ProblemSchema, "p")["sampled_correct"].null_count() == 3
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"correct": [1, 2, 0]}, "problems_grpo-s0.parquet row 2: column 'correct' failed isin([0, 1]) (value: '2')"),
+        ({"id": ["a", "b", "a"]}, "problems_grpo-s0.parquet row 1: column 'id' failed field_uniqueness (value: 'a')"),
+        ({"sampled_correct": [0.5, 1.5, 0.0]}, "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed less_than_or_equal_to(1) (value: '1.5')"),
+        ({"sampled_correct": [0.5, None, 0.0]}, "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed null exactly when n_sampled == 0 (value: null)"),
+        ({"n_sampled": [2, 0, 2]}, "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed null exactly when n_sampled == 0 (value: '0.0')"),
+    ],
+)
+def test_problem_schema_rejects_bad_rows(overrides, message):
+    with pytest.raises(ValueError) as err:
+        validate_table(problem_df(**overrides), ProblemSchema, "problems_grpo-s0.parquet")
+    assert str(err.value).splitlines()[0].startswith(message), str(err.value)

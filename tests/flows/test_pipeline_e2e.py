@@ -14,6 +14,9 @@ from tests.flows.workspace import make_workspace, run
 
 pytestmark = pytest.mark.vllm
 
+ALGOS, SEEDS = ("grpo", "steppo"), (0, 1)  # compare.algorithms x compare.seeds of tests/flows/workspace.py
+RUNS = [f"{a}-s{s}" for a in ALGOS for s in SEEDS]
+
 
 @pytest.fixture(scope="module")
 def repro(tmp_path_factory):
@@ -26,17 +29,26 @@ def test_every_stage_produces_its_outputs(repro):
     ws, _ = repro
     for split in ("train", "val", "test"):
         assert pl.read_parquet(ws / f"data/processed/calc/{split}.parquet").height > 0
-    for model in ("base", "sft", "grpo/final", "ppo/final", "steppo/final"):
+    for model in ("base", "sft", *(f"{name}/final" for name in RUNS)):
         assert (ws / "models" / model / "steprl_complete.json").is_file(), model
-    for algo in ("grpo", "ppo", "steppo"):
-        tr = json.loads((ws / f"metrics/train_{algo}.json").read_text())
+    test_ids = pl.read_parquet(ws / "data/processed/calc/test.parquet")["id"].head(8).cast(pl.String).to_list()
+    for name in RUNS:
+        algo, seed = name.rsplit("-s", 1)
+        tr = json.loads((ws / f"metrics/train_{name}.json").read_text())
         assert tr["iterations"] == 2 and tr["generated_tokens"] > 0
-        curve = pl.read_csv(ws / f"plots/train_{algo}.csv")
+        assert (tr["algo"], tr["rl_seed"], tr["run"]) == (algo, int(seed), name)
+        curve = pl.read_csv(ws / f"plots/train_{name}.csv")
         assert curve["iteration"].to_list() == [-1, 0, 1]  # -1: the SFT policy on val, before any update
-        initial = json.loads((ws / "runs" / algo / "val_initial.json").read_text())["val/accuracy"]
+        initial = json.loads((ws / "runs" / name / "val_initial.json").read_text())["val/accuracy"]
         assert curve["val_accuracy"][0] == initial and curve["score_mean"][0] is None
+        assert json.loads((ws / "runs" / name / "fingerprint.json").read_text())["depends_on"]["seed"] == int(seed)
+        problems = pl.read_parquet(ws / f"metrics/problems_{name}.parquet")
+        assert problems["id"].to_list() == test_ids and set(problems["correct"]) <= {0, 1}
+        ev = json.loads((ws / f"metrics/eval_{name}.json").read_text())
+        assert problems["correct"].mean() == pytest.approx(ev["accuracy"])
+        assert problems["sampled_correct"].mean() == pytest.approx(ev["sampled_accuracy"])
         for k in (0, 1):
-            it = ws / "runs" / algo / f"iter_{k:04d}"
+            it = ws / "runs" / name / f"iter_{k:04d}"
             assert (it / "done.json").is_file()
             batch = pl.read_parquet(it / "batch.parquet")
             assert {"advantages", "returns", "old_logprobs", "reward", "group_id"} <= set(batch.columns)
@@ -45,9 +57,22 @@ def test_every_stage_produces_its_outputs(repro):
             # RL prompts are the train rows after the first sft.rows (32): problems SFT did not learn from
             rows = {int(g.rsplit("-", 1)[1]) for g in batch["group_id"].unique()}
             assert rows and min(rows) >= 32, sorted(rows)
+    # The RL seed drives what RL draws: the two seeds of an algorithm sample different prompts.
+    for algo in ALGOS:
+        groups = [set(pl.read_parquet(ws / f"runs/{algo}-s{s}/iter_0000/rollouts.parquet")["group_id"]) for s in SEEDS]
+        assert groups[0] != groups[1], algo
+    sft_problems = pl.read_parquet(ws / "metrics/problems_sft.parquet")
+    assert sft_problems["id"].to_list() == test_ids and (sft_problems["n_sampled"] == 2).all()
     report = (ws / "reports/compare.md").read_text()
-    for name in ("sft", "grpo", "ppo", "steppo"):
-        assert f"| {name} |" in report
+    interval = r"[+-]?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]"
+    assert "| algorithm | seeds | accuracy (greedy) [95% CI] | greedy vs SFT [95% CI] |" in report
+    for algo in ALGOS:  # mean over seeds [interval], difference to SFT [interval] (greedy, then sampled)
+        assert re.search(rf"^\| {algo} \| 0, 1 \| {interval} \| {interval} \| {interval} \| {interval} \|", report, re.M), algo
+        assert re.search(rf"^- \*\*{algo}\*\* \(2 seeds\): greedy accuracy .* against SFT (significantly|no significant)",
+                         report, re.M), algo
+    for name in ["sft", *RUNS]:  # one row per run with its own values
+        assert re.search(rf"^\| {name} \| ", report, re.M), name
+    assert re.search(rf"^\| grpo - steppo \| {interval} \| {interval} \|", report, re.M)
     assert (ws / "reports/compare.png").stat().st_size > 1000
     ev = json.loads((ws / "metrics/eval_sft.json").read_text())
     assert ev["n_episodes"] == 8
@@ -65,12 +90,17 @@ def test_mlflow_has_sft_and_evaluate_runs(repro):
     ws, _ = repro
     con = sqlite3.connect(ws / "mlflow/mlflow.db")
     names = {r[0] for r in con.execute("select name from runs where status = 'FINISHED'")}
-    assert {"sft", "evaluate-sft", "grpo", "ppo", "steppo", "evaluate-grpo", "compare"} <= names
-    for algo in ("grpo", "ppo", "steppo"):
-        (run_id,) = con.execute("select run_uuid from runs where name = ?", (algo,)).fetchone()
+    assert {"sft", "evaluate-sft", *RUNS, *(f"evaluate-{name}" for name in RUNS), "compare"} <= names
+    for name in RUNS:
+        algo, seed = name.rsplit("-s", 1)
+        (run_id,) = con.execute("select run_uuid from runs where name = ?", (name,)).fetchone()
+        tags = dict(con.execute("select key, value from tags where run_uuid = ?", (run_id,)).fetchall())
+        assert (tags["steprl.algo"], tags["steprl.rl_seed"]) == (algo, seed), tags
+        (logged_seed,) = con.execute("select value from params where run_uuid = ? and key = 'seed'", (run_id,)).fetchone()
+        assert logged_seed == seed
         steps = [s for (s,) in con.execute(
             "select step from metrics where run_uuid = ? and key = 'timing_s/iteration' order by step", (run_id,))]
-        assert steps == [0, 1], (algo, steps)
+        assert steps == [0, 1], (name, steps)
         keys = {k for (k,) in con.execute("select distinct key from metrics where run_uuid = ?", (run_id,))}
         assert {"critic/score/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "val/accuracy",
                 "timing_s/rollout", "perf/tokens_per_s", "tool_calls/valid_rate"} <= keys, keys
@@ -99,7 +129,7 @@ def test_sft_param_change_reruns_only_sft_and_after(repro):
     # downstream of it -- and nothing upstream.
     out = run(["dvc", "repro", "--dry", "--force-downstream"], ws).stdout
     ran = set(re.findall(r"Running stage '([^']+)'", out))
-    downstream = {"train@grpo", "train@ppo", "train@steppo", "evaluate@grpo", "evaluate@ppo", "evaluate@steppo"}
+    downstream = {f"{stage}@{a}-{s}" for stage in ("train", "evaluate") for a in ALGOS for s in SEEDS}
     assert ran == {"sft", "evaluate_sft", "compare"} | downstream, out
     direct = set(re.findall(r"Running stage '([^']+)'", run(["dvc", "repro", "--dry"], ws).stdout))
     assert direct == {"sft"}, direct

@@ -73,6 +73,7 @@ def set_key(dotted: str, value):
         ("prepare", "sft.lrr", 0.1, ["sft.lrr", "unknown key"]),
         ("base_model", "model.num_heads", "four", ["model.num_heads", "'four'"]),
         ("sft", "sft.lrr", 0.1, ["sft.lrr", "unknown key"]),
+        ("prepare", "compare.seeds", [0, 0], ["compare", "seeds=[0, 0]", "unique"]),
     ],
 )
 def test_bad_params_one_line_naming_the_key(ws, name, key, value, words):

@@ -1,0 +1,111 @@
+"""The compare stage's report and chart on fabricated metrics (no training): intervals, per-seed rows,
+pairwise differences and the sentences that call a difference significant only when its interval
+excludes 0. Fast: no Prefect server, no MLflow (the tasks' functions are called directly)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import polars as pl
+import pytest
+
+import flows.compare as compare
+from components.config import parse_params
+
+N = 200
+
+
+def write_run(root, name: str, correct, sampled, eval_extra=None, train=None):
+    (root / "metrics").mkdir(exist_ok=True)
+    (root / "plots").mkdir(exist_ok=True)
+    pl.DataFrame({"id": [f"p{i}" for i in range(N)], "correct": list(map(int, correct)),
+                  "sampled_correct": list(map(float, sampled)), "n_sampled": [2] * N}
+                 ).write_parquet(root / "metrics" / f"problems_{name}.parquet")
+    ev = {"model": name, "accuracy": float(np.mean(correct)), "sampled_accuracy": float(np.mean(sampled)),
+          "pass_at_k": 0.9, "mean_turns": 2.0, "valid_tool_call_rate": 1.0, "format_error_rate": 0.0,
+          **(eval_extra or {})}
+    (root / "metrics" / f"eval_{name}.json").write_text(json.dumps(ev))
+    if train is not None:
+        (root / "metrics" / f"train_{name}.json").write_text(json.dumps(train))
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """SFT solves every other problem; grpo (both seeds) solves them all; ppo is SFT problem for problem."""
+    monkeypatch.setattr(compare, "REPO", tmp_path)
+    sft = np.arange(N) % 2 == 0
+    half = np.where(sft, 0.5, 0.0)
+    write_run(tmp_path, "sft", sft, half)
+    for seed, turns in ((0, 1.0), (1, 2.0)):
+        train = {"train_wall_time_s": 100.0 * (seed + 1), "generated_tokens": 1000 * (seed + 1)}
+        write_run(tmp_path, f"grpo-s{seed}", np.ones(N), np.ones(N), {"mean_turns": turns}, train)
+        write_run(tmp_path, f"ppo-s{seed}", sft, half, {"tool_calls_per_step": 0.5}, train)
+        for algo, score in (("grpo", 0.5 + 0.1 * seed), ("ppo", 0.3)):
+            (tmp_path / "plots" / f"train_{algo}-s{seed}.csv").write_text(
+                f"iteration,val_accuracy,score_mean\n-1,0.5,\n0,{0.6 + 0.1 * seed},{score}\n1,,{score + 0.1}\n")
+    params = parse_params({"compare": {"algorithms": ["grpo", "ppo"], "seeds": [0, 1]}, "evaluate": {"samples": 2}})
+    return tmp_path, params
+
+
+def cells(report: str, first: str, which: int = 0) -> list[str]:
+    """The cells of the ``which``-th table row whose first cell is ``first``."""
+    lines = [x for x in report.splitlines() if x.startswith(f"| {first} |")]
+    return [c.strip() for c in lines[which].strip("|").split("|")]
+
+
+def test_report_intervals_per_seed_rows_and_words(workspace):
+    root, params = workspace
+    report = open(compare.table.fn(params)).read()
+    assert report == (root / "reports" / "compare.md").read_text()
+    header = cells(report, "algorithm")
+    assert header[:6] == ["algorithm", "seeds", "accuracy (greedy) [95% CI]", "greedy vs SFT [95% CI]",
+                          "sampled accuracy (mean@k) [95% CI]", "sampled vs SFT [95% CI]"]
+    assert "tool calls per step" in header and "answer without tool" not in header  # only keys some file has
+    grpo, ppo, sft = cells(report, "grpo"), cells(report, "ppo"), cells(report, "sft")
+    interval = re.compile(r"^[+-]?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]$")
+    for row in (grpo, ppo):
+        assert all(interval.match(c) for c in row[2:6]), row
+    assert grpo[1] == "0, 1" and grpo[2] == "1.000 [1.000, 1.000]" and grpo[3].startswith("+0.500 [")
+    assert ppo[3] == "+0.000 [0.000, 0.000]"
+    lo, hi = map(float, re.findall(r"-?\d\.\d{3}", sft[2])[1:])
+    assert lo < 0.5 < hi and hi - lo < 0.2  # 200 problems, half solved
+    # the other columns are per-algorithm means over the seeds
+    assert grpo[header.index("mean turns")] == "1.50" and grpo[header.index("train wall time (s)")] == "150"
+    assert grpo[header.index("tool calls per step")] == "-" and ppo[header.index("tool calls per step")] == "0.500"
+    for name in ("grpo-s0", "grpo-s1", "ppo-s0", "ppo-s1"):
+        run = cells(report, name)
+        assert run[1] == name.split("-")[0] and run[2] == name[-1], run
+    assert cells(report, "grpo-s1")[cells(report, "run").index("mean turns")] == "2.00"
+    assert cells(report, "grpo - ppo")[1].startswith("+0.500 [")
+    words = {line.split("**")[1]: line for line in report.splitlines() if line.startswith("- **")}
+    assert "greedy accuracy 1.000, against SFT significantly higher (+0.500" in words["grpo"]
+    assert "against ppo: greedy significantly higher" in words["grpo"]
+    assert "greedy accuracy 0.500, against SFT no significant difference (+0.000 [0.000, 0.000]" in words["ppo"]
+    assert "against grpo: greedy significantly lower (-0.500" in words["ppo"]
+    assert "sampled mean@2 accuracy" in words["ppo"]
+    assert "resample" in report and "seeds are not resampled" in report
+
+
+def test_chart_has_two_panels(workspace):
+    root, params = workspace
+    png = compare.chart.fn(params)
+    assert (root / "reports" / "compare.png").stat().st_size > 1000 and png.endswith("compare.png")
+
+
+def test_mismatched_problems_name_the_file(workspace):
+    root, params = workspace
+    path = root / "metrics" / "problems_ppo-s1.parquet"
+    pl.read_parquet(path).head(N - 1).write_parquet(path)
+    with pytest.raises(compare.StageError, match=r"problems_ppo-s1.parquet: .*missing \['p199'\]"):
+        compare.table.fn(params)
+
+
+def test_missing_inputs_are_listed_before_the_flow_starts(workspace):
+    root, params = workspace
+    (root / "metrics" / "eval_grpo-s1.json").unlink()
+    assert compare.inputs(params).count("metrics/eval_grpo-s1.json") == 1
+    (root / "params.yaml").write_text("compare:\n  algorithms: [grpo, ppo]\n  seeds: [0, 1]\n")
+    with pytest.raises(compare.StageError, match=r"1 input file\(s\) missing, e.g. metrics/eval_grpo-s1.json"):
+        compare.main(str(root / "params.yaml"))

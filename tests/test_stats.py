@@ -1,0 +1,176 @@
+"""components/stats.py: per-problem results, bootstrap intervals (calibrated, paired), curve bands."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from components.stats import (
+    Estimate,
+    curve_band,
+    difference_interval,
+    mean_interval,
+    problem_results,
+    score_matrix,
+)
+
+
+# --- bootstrap intervals ----------------------------------------------------------------------------
+
+
+def test_interval_covers_the_true_mean_about_95_percent_of_the_time():
+    """Calibration: over many independent test sets of Bernoulli(0.3) problems (2 seeds each), the 95%
+    interval contains 0.3 in roughly 95% of them -- neither always (too wide) nor rarely (too narrow)."""
+    rng = np.random.default_rng(123)
+    hits, widths = 0, []
+    trials = 300
+    for t in range(trials):
+        scores = (rng.random((2, 200)) < 0.3).astype(float)
+        e = mean_interval(scores, n_resamples=1000, seed=t)
+        hits += e.low <= 0.3 <= e.high
+        widths.append(e.high - e.low)
+    assert 0.90 <= hits / trials <= 0.99, hits / trials
+    # the width of a 95% interval of a mean of 200 problems (seed means of 2 Bernoulli(0.3) draws)
+    sd = np.sqrt(0.3 * 0.7 / 2 / 200)
+    assert abs(np.mean(widths) - 2 * 1.96 * sd) < 0.2 * 2 * 1.96 * sd, (np.mean(widths), sd)
+
+
+def test_interval_contains_its_estimate_and_shrinks_with_more_problems():
+    rng = np.random.default_rng(0)
+    small = mean_interval((rng.random((2, 100)) < 0.6).astype(float))
+    large = mean_interval((rng.random((2, 4000)) < 0.6).astype(float))
+    for e in (small, large):
+        assert e.low < e.value < e.high
+    assert (large.high - large.low) < 0.4 * (small.high - small.low)
+
+
+def test_clear_difference_excludes_zero_identical_inputs_include_it():
+    rng = np.random.default_rng(1)
+    sft = (rng.random(500) < 0.5).astype(float)
+    better = np.maximum(sft, (rng.random((2, 500)) < 0.3))  # fixes about 30% of SFT's failures per seed
+    d = difference_interval(better, sft)
+    assert d.excludes_zero and d.low > 0, d
+    assert np.isclose(d.value, better.mean() - sft.mean())
+    same = difference_interval(np.stack([sft, sft]), sft)
+    assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0) and not same.excludes_zero
+    noise = difference_interval((rng.random((2, 500)) < 0.5).astype(float), (rng.random((2, 500)) < 0.5))
+    assert noise.low < noise.value < noise.high
+
+
+def test_difference_is_paired_on_problems():
+    """Problems vary wildly in difficulty, but one model is exactly 0.05 better on every problem: paired on
+    problems the difference is certain; an unpaired comparison of the two means could not tell."""
+    rng = np.random.default_rng(2)
+    base = rng.random(300) * 0.9
+    d = difference_interval(base + 0.05, base)
+    assert np.isclose(d.value, 0.05) and np.isclose(d.low, 0.05) and np.isclose(d.high, 0.05)
+    a, b = mean_interval(base + 0.05), mean_interval(base)
+    assert a.low < b.high  # the separate intervals overlap
+
+
+def test_difference_averages_each_side_over_its_own_seeds():
+    a = np.array([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])  # 2 seeds: per-problem means .5 0 1 1
+    b = np.array([0.0, 0.0, 1.0, 0.0])
+    assert np.isclose(difference_interval(a, b).value, (0.5 + 0 + 0 + 1) / 4)
+
+
+def test_same_seed_same_interval_and_sign_symmetry():
+    rng = np.random.default_rng(3)
+    a, b = rng.random((2, 100)), rng.random((2, 100))
+    assert difference_interval(a, b, seed=5) == difference_interval(a, b, seed=5)
+    ab, ba = difference_interval(a, b, seed=5), difference_interval(b, a, seed=5)
+    assert np.isclose(ab.value, -ba.value) and np.isclose(ab.low, -ba.high) and np.isclose(ab.high, -ba.low)
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: mean_interval(np.zeros((2, 3, 4)), what="grpo"), ["grpo", "(seeds, problems)", "(2, 3, 4)"]),
+        (lambda: mean_interval(np.zeros((2, 1)), what="grpo"), ["grpo", "2 problems", "1 problem"]),
+        (lambda: mean_interval(np.zeros((0, 5)), what="grpo"), ["grpo", "0 seed"]),
+        (lambda: mean_interval([[0.0, np.nan, 1.0]], what="ppo"), ["ppo", "finite", "problem 1", "nan"]),
+        (lambda: mean_interval([["a", "b"]], what="ppo"), ["ppo", "numbers"]),
+        (lambda: difference_interval(np.zeros((2, 5)), np.zeros(4), what=("grpo", "sft")),
+         ["grpo has 5 problems", "sft has 4"]),
+        (lambda: mean_interval(np.zeros(5), confidence=95), ["confidence", "95"]),
+    ],
+)
+def test_bad_input_names_what_is_wrong(call, words):
+    with pytest.raises(ValueError) as err:
+        call()
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+def test_estimate_format_and_significance():
+    assert Estimate(0.0123, -0.004, 0.03).format(signed=True) == "+0.012 [-0.004, 0.030]"
+    assert Estimate(0.5, 0.45, 0.55).format() == "0.500 [0.450, 0.550]"
+    assert Estimate(-0.0, -0.0, -0.0001).format(signed=True) == "+0.000 [0.000, 0.000]"  # never "-0.000"
+    assert Estimate(-0.02, -0.03, -0.01).excludes_zero and not Estimate(0.02, 0.0, 0.04).excludes_zero
+
+
+# --- per-problem results -------------------------------------------------------------------------
+
+
+def step(traj, group, correct):
+    return {"traj_id": traj, "group_id": group, "correct": correct}
+
+
+def test_problem_results_greedy_and_sampled():
+    greedy = [step("a", "a", False), step("a", "a", True), step("b", "b", False)]  # a: correct at its 2nd step
+    sampled = [step("a#0", "a", True), step("a#1", "a", False), step("a#1", "a", False),
+               step("b#0", "b", False), step("b#1", "b", False)]
+    df = problem_results(["b", "a"], greedy, sampled)
+    assert df.to_dicts() == [
+        {"id": "b", "correct": 0, "sampled_correct": 0.0, "n_sampled": 2},
+        {"id": "a", "correct": 1, "sampled_correct": 0.5, "n_sampled": 2},
+    ]
+    only = problem_results(["a", "b"], greedy)
+    assert only["sampled_correct"].to_list() == [None, None] and only["n_sampled"].to_list() == [0, 0]
+
+
+def test_problem_results_errors():
+    greedy = [step("a", "a", True)]
+    with pytest.raises(ValueError, match=r"1 problem\(s\) have no greedy episode: \['b'\]"):
+        problem_results(["a", "b"], greedy)
+    with pytest.raises(ValueError, match=r"sampled episodes of problems not evaluated: \['z'\]"):
+        problem_results(["a"], greedy, [step("z#0", "z", True)])
+    with pytest.raises(ValueError, match="problem 'a' has 2 greedy episodes"):
+        problem_results(["a"], greedy + [step("a2", "a", False)])
+    with pytest.raises(ValueError, match="step record 0 has no 'correct'"):
+        problem_results(["a"], [{"traj_id": "a", "group_id": "a"}])
+
+
+def test_score_matrix_aligns_rows_to_the_reference_order():
+    t0 = pl.DataFrame({"id": ["x", "y", "z"], "correct": [1, 0, 1]})
+    t1 = pl.DataFrame({"id": ["z", "x", "y"], "correct": [0, 1, 1]})
+    m = score_matrix({"s0": t0, "s1": t1}, "correct", ["y", "z", "x"])
+    assert m.tolist() == [[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]]
+
+
+def test_score_matrix_errors_name_the_table():
+    ok = pl.DataFrame({"id": ["x", "y"], "correct": [1, 0], "sampled_correct": [0.5, None]})
+    with pytest.raises(ValueError, match=r"problems_grpo-s1.parquet: .*missing \['y'\], extra \['w'\]"):
+        score_matrix({"ok": ok, "problems_grpo-s1.parquet": ok.with_columns(id=pl.Series(["x", "w"]))},
+                     "correct", ["x", "y"])
+    with pytest.raises(ValueError, match=r"t: column 'sampled_correct' is null for 1 problem\(s\), e.g. \['y'\]"):
+        score_matrix({"t": ok}, "sampled_correct", ["x", "y"])
+    with pytest.raises(ValueError, match=r"t: no column 'nope'"):
+        score_matrix({"t": ok}, "nope", ["x", "y"])
+
+
+# --- curve bands ----------------------------------------------------------------------------------
+
+
+def test_curve_band_mean_min_max_where_every_run_has_a_value():
+    s0 = pl.DataFrame({"iteration": [-1, 0, 1, 2], "val_accuracy": [0.5, None, 0.6, 0.7]})
+    s1 = pl.DataFrame({"iteration": [-1, 0, 1], "val_accuracy": [0.5, 0.4, 0.8, ]})
+    band = curve_band({"s0": s0, "s1": s1}, "iteration", "val_accuracy")
+    assert band["iteration"].to_list() == [-1, 1]
+    assert np.allclose(band["mean"].to_list(), [0.5, 0.7])
+    assert band["low"].to_list() == [0.5, 0.6] and band["high"].to_list() == [0.5, 0.8]
+    with pytest.raises(ValueError, match=r"s1: no column 'score_mean'"):
+        curve_band({"s0": s0.with_columns(score_mean=pl.lit(1.0)), "s1": s1}, "iteration", "score_mean")
+    with pytest.raises(ValueError, match="iteration 1 appears twice"):
+        curve_band({"s0": pl.concat([s0, s0.tail(2)])}, "iteration", "val_accuracy")
