@@ -35,9 +35,10 @@ class PrepareParams(Section):
     max_calls: int = Field(2, ge=1, le=8)
     # Largest operand in generated problems.
     max_operand: int = Field(99, ge=2, le=10**6)
-    # Weaker demonstrations beside the expert's (train split): operations the weaker demonstrator does
-    # in its head instead of calling the calculator, and its demonstrations per question on average.
-    weak_ops: list[Literal["add", "sub", "mul", "div"]] = []
+    # Weaker demonstrations beside the expert's (train split): the weaker demonstrator answers problems
+    # of at most weak_max_calls operations from mental arithmetic (no tool call); weak_per_question of
+    # its demonstrations per such question on average (0 = none).
+    weak_max_calls: int = Field(0, ge=0, le=8)
     weak_per_question: float = Field(0.0, ge=0, le=16)
     # A GSM8K-style file (parquet or jsonl with question/answer); None = generate problems.
     source_path: str | None = None

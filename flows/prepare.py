@@ -26,7 +26,7 @@ def make_splits(params: Params) -> dict:
         splits = get_task(params.task).prepare(
             seed=params.seed, n_train=p.n_train, n_val=p.n_val, n_test=p.n_test,
             min_calls=p.min_calls, max_calls=p.max_calls, max_operand=p.max_operand,
-            weak_ops=tuple(p.weak_ops), weak_per_question=p.weak_per_question, source_path=source,
+            weak_max_calls=p.weak_max_calls, weak_per_question=p.weak_per_question, source_path=source,
         )
         return {
             name: validate_table(df, TaskSchema, f"{params.task} {name} split")

@@ -20,7 +20,7 @@ __all__ = ["TaskRecipe"]
 @dataclass(frozen=True)
 class TaskRecipe:
     name: str
-    # (seed, n_train, n_val, n_test, min_calls, max_calls, max_operand, weak_ops, weak_per_question)
+    # (seed, n_train, n_val, n_test, min_calls, max_calls, max_operand, weak_max_calls, weak_per_question)
     #   -> {"train", "val", "test"} tables
     generate_splits: Callable[..., dict[str, pl.DataFrame]]
     # (path, *, seed, n_train, n_val, n_test) -> {"train", "val", "test"} tables from a file
@@ -48,7 +48,7 @@ class TaskRecipe:
         min_calls: int,
         max_calls: int,
         max_operand: int,
-        weak_ops: tuple[str, ...] = (),
+        weak_max_calls: int = 0,
         weak_per_question: float = 0.0,
         source_path: str | Path | None = None,
     ) -> dict[str, pl.DataFrame]:
@@ -58,5 +58,5 @@ class TaskRecipe:
         return self.generate_splits(
             seed=seed, n_train=n_train, n_val=n_val, n_test=n_test,
             min_calls=min_calls, max_calls=max_calls, max_operand=max_operand,
-            weak_ops=weak_ops, weak_per_question=weak_per_question,
+            weak_max_calls=weak_max_calls, weak_per_question=weak_per_question,
         )

@@ -8,16 +8,16 @@ number of operation sentences, drawn uniformly from ``[min_calls, max_calls]``. 
 exact by a divisor in 2..min(max_operand, 1000) other than the value itself, products stay below
 10**12). The expert trajectory writes exactly those calls and the answer.
 
-Weaker demonstrations (``weak_ops``, ``weak_per_question``): a second demonstrator solves the same
-question the way human-written solutions often do, doing the operations in ``weak_ops`` (by default
-additions and subtractions) in its head instead of calling the calculator. It skips those calls and
-carries the result it computed mentally into the next call, or into the answer when the skipped
-operation is the last one: "12 + 5, then * 3" becomes one call ``17 * 3``; "12 * 3, then + 5" becomes
-``12 * 3`` and the answer 41. Its answers are always right (the demonstrator does not slip), but a
-model that imitates a skip has to do that arithmetic itself. A question gets ``weak_per_question``
-copies of its weak demonstration on average (a fractional part is drawn per question), and none when it
-has no such operation (the weak solution would equal the expert's). They are drawn from a separate
-random stream, so the problems do not depend on them.
+Weaker demonstrations (``weak_max_calls``, ``weak_per_question``): a second demonstrator solves the
+same questions the way many human-written solutions do: a problem that looks short (at most
+``weak_max_calls`` operations) it answers straight from mental arithmetic, ``<answer>N</answer>`` with no
+calculator call; longer ones it leaves to the expert. Its answers are always right (it does not slip),
+but a model that imitates it has to do the whole computation in one forward pass, which the embedded
+model cannot. A question gets ``weak_per_question`` copies of its weak demonstration on average (a
+fractional part is drawn per question), from a separate random stream, so the problems do not depend
+on them. (A weaker demonstrator that skips single calls mid-chain, carrying a mental result into the
+next call, was tried first: the calls of its demonstrations hold numbers that appear nowhere in the
+question or the tool results, and a model trained on them stopped copying operands at all.)
 
 Splits come from independent random streams (seed, split), generated test first, then val, then
 train, each skipping questions already taken, so no question is shared between splits and the test
@@ -61,23 +61,12 @@ class Problem:
     answer: str  # an integer, as text
     expert: list[dict]  # messages after the user prompt
     n_calls: int
-    start: int = 0  # the first number of the question
-    ops: tuple[tuple[str, int, int, int], ...] = ()  # (op, value before, new number, result) per call
 
 
-def weak_messages(problem: Problem, in_head: frozenset[str] | set[str]) -> list[dict] | None:
-    """The weaker demonstrator's messages: the ops in ``in_head`` computed mentally (no calculator call),
-    their results carried into the next call or the answer. None when no op of the problem is in
-    ``in_head`` (the weak solution would be the expert's)."""
-    if not any(op in in_head for op, *_ in problem.ops):
-        return None
-    messages: list[dict] = []
-    for op, before, n, result in problem.ops:
-        if op in in_head:
-            continue
-        messages += [call_message(f"{before} {_OPS[op][0]} {n}"), tool_message(str(result))]
-    messages.append(answer_message(problem.answer))
-    return messages
+def weak_messages(problem: Problem, max_calls: int) -> list[dict] | None:
+    """The weaker demonstrator's messages: a direct answer for a problem of at most ``max_calls``
+    operations, None for a longer one (it leaves that to the expert)."""
+    return [answer_message(problem.answer)] if problem.n_calls <= max_calls else None
 
 
 def _feasible(value: int, max_operand: int) -> dict[str, tuple[int, int] | list[int]]:
@@ -100,10 +89,8 @@ def generate_problem(rng: random.Random, n_calls: int, max_operand: int) -> Prob
         raise ValueError(f"need n_calls >= 1 and max_operand >= 2, got n_calls={n_calls}, max_operand={max_operand}")
     who, items = rng.choice(_NAMES), rng.choice(_ITEMS)
     value = rng.randint(1, max_operand)
-    start = value
     sentences = [f"{who} has {value} {items}."]
     expert: list[dict] = []
-    ops: list[tuple[str, int, int, int]] = []
     for _ in range(n_calls):
         options = _feasible(value, max_operand)
         op = rng.choice(sorted(options))
@@ -113,15 +100,14 @@ def generate_problem(rng: random.Random, n_calls: int, max_operand: int) -> Prob
         sentences.append(rng.choice(templates).format(who=who, n=n, items=items))
         result = {"add": value + n, "sub": value - n, "mul": value * n, "div": value // n}[op]
         expert += [call_message(f"{value} {symbol} {n}"), tool_message(str(result))]
-        ops.append((op, value, n, result))
         value = result
     sentences.append(f"How many {items} does {who} have now?")
     expert.append(answer_message(str(value)))
-    return Problem(" ".join(sentences), str(value), expert, n_calls, start, tuple(ops))
+    return Problem(" ".join(sentences), str(value), expert, n_calls)
 
 
-def _weak_column(problem: Problem, rng: random.Random, weak_ops: frozenset[str], per_question: float) -> str | None:
-    demo = weak_messages(problem, weak_ops)
+def _weak_column(problem: Problem, rng: random.Random, max_calls: int, per_question: float) -> str | None:
+    demo = weak_messages(problem, max_calls)
     copies = int(per_question) + (rng.random() < per_question - int(per_question))
     if demo is None or copies == 0:
         return None
@@ -130,7 +116,7 @@ def _weak_column(problem: Problem, rng: random.Random, weak_ops: frozenset[str],
 
 def generate_split(
     split: str, n: int, *, seed: int, min_calls: int, max_calls: int, max_operand: int, taken: set[str],
-    weak_ops: tuple[str, ...] = (), weak_per_question: float = 0.0,
+    weak_max_calls: int = 0, weak_per_question: float = 0.0,
 ) -> pl.DataFrame:
     """``n`` problems of one split whose questions are not in ``taken`` (which gains them).
 
@@ -138,14 +124,12 @@ def generate_split(
     null."""
     if not 1 <= min_calls <= max_calls:
         raise ValueError(f"need 1 <= min_calls <= max_calls, got min_calls={min_calls}, max_calls={max_calls}")
-    unknown = sorted(set(weak_ops) - set(_OPS))
-    if unknown:
-        raise ValueError(f"weak_ops names unknown operations {unknown} (known: {sorted(_OPS)})")
+    if weak_max_calls < 0:
+        raise ValueError(f"weak_max_calls must be >= 0, got {weak_max_calls}")
     if weak_per_question < 0:
         raise ValueError(f"weak_per_question must be >= 0, got {weak_per_question}")
     rng = random.Random(f"calc/{seed}/{split}")
     weak_rng = random.Random(f"calc/{seed}/{split}/weak")
-    in_head = frozenset(weak_ops)
     rows, misses = [], 0
     while len(rows) < n:
         if misses >= _MAX_MISSES:
@@ -162,7 +146,7 @@ def generate_split(
         rows.append(
             {"id": f"calc-{split}-{len(rows):06d}", "question": p.question, "answer": p.answer,
              "expert": encode_expert(p.expert), "split": split, "n_calls": p.n_calls,
-             "weak": _weak_column(p, weak_rng, in_head, weak_per_question)}
+             "weak": _weak_column(p, weak_rng, weak_max_calls, weak_per_question)}
         )
     schema = {"id": pl.String, "question": pl.String, "answer": pl.String, "expert": pl.String,
               "split": pl.String, "n_calls": pl.Int64, "weak": pl.String}
@@ -171,7 +155,7 @@ def generate_split(
 
 def generate_splits(
     seed: int, n_train: int, n_val: int, n_test: int, min_calls: int, max_calls: int, max_operand: int,
-    weak_ops: tuple[str, ...] = (), weak_per_question: float = 0.0,
+    weak_max_calls: int = 0, weak_per_question: float = 0.0,
 ) -> dict[str, pl.DataFrame]:
     """``{"train", "val", "test"}`` tables (TaskSchema) with no question shared between them.
 
@@ -183,7 +167,7 @@ def generate_splits(
     taken: set[str] = set()
     out = {}
     for split in ("test", "val", "train"):
-        weak = dict(weak_ops=weak_ops, weak_per_question=weak_per_question) if split == "train" else {}
+        weak = dict(weak_max_calls=weak_max_calls, weak_per_question=weak_per_question) if split == "train" else {}
         df = generate_split(split, sizes[split], seed=seed, min_calls=min_calls, max_calls=max_calls,
                             max_operand=max_operand, taken=taken, **weak)
         out[split] = validate_table(df, TaskSchema, f"generated calc split {split!r}")
