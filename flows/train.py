@@ -178,7 +178,7 @@ def _open_session(params: Params, algo: str) -> RLSession:
         zero_stage=ds.zero_stage, dtype=ds.dtype, grad_clip=t.grad_clip, warmup_steps=t.lr_warmup_steps,
         adam_eps=t.adam_eps, micro_batch_size=t.micro_batch_size,
         rollout_engine=r.engine, rollout_dtype=r.dtype, max_model_len=r.max_prompt_len + r.max_response_len,
-        kv_cache_gib=r.kv_cache_gib, seed=params.seed,
+        kv_cache_gib=r.kv_cache_gib, seed=params.seed, old_logprobs=t.old_logprobs,
     )
     return RLSession(SFT, cfg, get_task(params.task).tools())
 
