@@ -1,4 +1,10 @@
-"""Per-iteration metrics with the names verl users know (critic/score/mean, actor/pg_loss, ...)."""
+"""Per-iteration metrics with the names verl users know (critic/score/mean, actor/pg_loss, ...).
+
+Tool use, with the same definitions as ``components.agent.loop.episode_metrics`` (evaluation):
+``tool_calls/per_step`` (= tool_calls_per_step), ``tool_calls/per_trajectory`` (=
+tool_calls_per_episode), ``tool_calls/answer_without_tool_rate`` (= answer_without_tool_rate),
+``num_steps/mean`` (= mean_turns). ``format_error/rate`` is per step like format_error_rate.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str
     traj = batch.group_by("traj_id").agg(
         pl.col("reward").sum().alias("ret"), pl.col("correct").any().alias("ok"), pl.len().alias("steps"),
         pl.col("truncated").any().alias("trunc"),
+        ((pl.col("done") & ~pl.col("truncated")).any() & (pl.col("n_calls").sum() == 0)).alias("no_tool_answer"),
     )
     adv = batch["advantages"].explode().drop_nulls()
     ret = batch["returns"].explode().drop_nulls()
@@ -40,6 +47,9 @@ def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str
         "prompt_length/mean": batch["prompt_ids"].list.len().mean(),
         "tool_calls/valid_rate": (batch["n_valid_calls"].sum() / calls) if calls else 0.0,
         "tool_calls/per_trajectory": calls / max(traj.height, 1),
+        "tool_calls/per_step": calls / max(batch.height, 1),
+        # episodes that ended on their own final turn (not truncated) without any tool call
+        "tool_calls/answer_without_tool_rate": traj["no_tool_answer"].mean(),
         "format_error/rate": batch["format_error"].mean(),
         "perf/generated_tokens": float(batch["response_ids"].list.len().sum()),
         "batch/step_rows": float(batch.height),

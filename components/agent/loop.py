@@ -153,8 +153,23 @@ def sampled_metrics(steps: list[dict]) -> dict[str, float]:
     }
 
 
+def _answered(traj: list[dict]) -> bool:
+    """The episode ended on the agent's own final turn (its environment said done), not on a cut."""
+    return any(s["done"] and not s["truncated"] for s in traj)
+
+
 def episode_metrics(steps: list[dict]) -> dict[str, float]:
-    """Accuracy, mean turns, valid tool-call rate and format-error rate of a set of step records."""
+    """Accuracy, turns, tool use and error rates of a set of step records (any order).
+
+    - ``mean_turns``: agent steps per episode.
+    - ``tool_calls_per_step``: tool calls (``n_calls``, valid or not) per agent step, over all steps;
+      ``tool_calls_per_episode``: the same per episode.
+    - ``answer_without_tool_rate``: fraction of ALL episodes that ended on their own final turn (done,
+      not truncated; a final text without ``<answer>`` tags counts, it is a format error as well)
+      without a single tool call in the whole episode. Truncated episodes never count.
+    - ``valid_tool_call_rate``: valid calls / calls; ``format_error_rate``: per step;
+      ``truncated_rate``: per episode.
+    """
     by_traj: dict[str, list[dict]] = {}
     for s in steps:
         by_traj.setdefault(s["traj_id"], []).append(s)
@@ -163,6 +178,11 @@ def episode_metrics(steps: list[dict]) -> dict[str, float]:
     return {
         "accuracy": sum(any(s["correct"] for s in t) for t in by_traj.values()) / n_traj,
         "mean_turns": sum(len(t) for t in by_traj.values()) / n_traj,
+        "tool_calls_per_step": calls / max(len(steps), 1),
+        "tool_calls_per_episode": calls / n_traj,
+        "answer_without_tool_rate": sum(
+            _answered(t) and not any(s["n_calls"] for s in t) for t in by_traj.values()
+        ) / n_traj,
         "valid_tool_call_rate": (sum(s["n_valid_calls"] for s in steps) / calls) if calls else 0.0,
         "format_error_rate": sum(s["format_error"] for s in steps) / max(len(steps), 1),
         "truncated_rate": sum(any(s["truncated"] for s in t) for t in by_traj.values()) / n_traj,

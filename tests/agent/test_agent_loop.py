@@ -290,9 +290,14 @@ def test_seeds_do_not_depend_on_batch_composition(tok, renderer):
 # --- metrics -------------------------------------------------------------------------------------------
 
 
-def _rec(traj: str, step: int, *, calls=0, valid=0, fmt=False, correct=False, truncated=False) -> dict:
+def _rec(traj: str, step: int, *, calls=0, valid=0, fmt=False, correct=False, truncated=False,
+         done=None) -> dict:
+    """A step record; ``done`` defaults to: ends the episode when truncated or it is a final turn
+    without calls (as run_episodes records them)."""
+    if done is None:
+        done = truncated or calls == 0
     return {"traj_id": traj, "step": step, "n_calls": calls, "n_valid_calls": valid, "format_error": fmt,
-            "correct": correct, "truncated": truncated}
+            "correct": correct, "truncated": truncated, "done": done}
 
 
 def test_episode_metrics_by_hand():
@@ -310,8 +315,45 @@ def test_episode_metrics_by_hand():
     assert m["format_error_rate"] == pytest.approx(3 / 5)  # per step
     assert m["truncated_rate"] == pytest.approx(1 / 3)
     assert m["n_episodes"] == 3.0
+    assert m["tool_calls_per_step"] == pytest.approx(3 / 5)
+    assert m["tool_calls_per_episode"] == pytest.approx(3 / 3)
+    assert m["answer_without_tool_rate"] == 0.0  # a and b called a tool, c was cut
     # order of records does not matter
     assert episode_metrics(steps[::-1]) == m
+
+
+def test_tool_use_metrics_by_hand():
+    """2 calls then an answer; an answer at step 0; a response cut at step 1 after a call; an episode
+    stopped at max_steps with its last call still run; an untagged final text at step 0."""
+    two_calls = [_rec("a", 0, calls=1, valid=1), _rec("a", 1, calls=1, valid=1), _rec("a", 2, correct=True)]
+    direct = [_rec("b", 0, correct=True)]
+    cut = [_rec("c", 0, calls=1, valid=1), _rec("c", 1, fmt=True, truncated=True)]
+    m = episode_metrics(two_calls + direct + cut)
+    assert m["tool_calls_per_step"] == pytest.approx(3 / 6)  # 1 + 1 + 0 | 0 | 1 + 0 calls over 6 steps
+    assert m["tool_calls_per_episode"] == pytest.approx(3 / 3)
+    assert m["answer_without_tool_rate"] == pytest.approx(1 / 3)  # b only
+    assert m["mean_turns"] == pytest.approx(6 / 3)
+    assert m["format_error_rate"] == pytest.approx(1 / 6)
+
+    # each episode alone
+    assert episode_metrics(two_calls)["answer_without_tool_rate"] == 0.0
+    assert episode_metrics(two_calls)["tool_calls_per_step"] == pytest.approx(2 / 3)
+    assert episode_metrics(direct)["answer_without_tool_rate"] == 1.0
+    assert episode_metrics(direct)["tool_calls_per_step"] == 0.0
+    assert episode_metrics(cut)["answer_without_tool_rate"] == 0.0
+    # truncated without any call (response cut at step 0, or a prompt too long): not an answer
+    assert episode_metrics([_rec("d", 0, fmt=True, truncated=True)])["answer_without_tool_rate"] == 0.0
+    # stopped at max_steps: the last step is done + truncated and its call ran
+    capped = [_rec("e", 0, calls=2, valid=2), _rec("e", 1, calls=1, valid=1, truncated=True, done=True)]
+    assert episode_metrics(capped)["tool_calls_per_step"] == pytest.approx(3 / 2)
+    assert episode_metrics(capped)["answer_without_tool_rate"] == 0.0
+    # an untagged final text is an answer given without a tool (and a format error)
+    untagged = [_rec("f", 0, fmt=True)]
+    assert episode_metrics(untagged)["answer_without_tool_rate"] == 1.0
+    both = episode_metrics(two_calls + direct + cut + capped + untagged)
+    assert both["answer_without_tool_rate"] == pytest.approx(2 / 5)
+    assert both["tool_calls_per_step"] == pytest.approx(6 / 9)
+    assert both["tool_calls_per_episode"] == pytest.approx(6 / 5)
 
 
 def test_sampled_metrics_by_hand():
@@ -335,7 +377,8 @@ def test_sampled_metrics_by_hand():
 def test_episode_metrics_without_calls_or_steps():
     assert episode_metrics([_rec("a", 0, correct=True)])["valid_tool_call_rate"] == 0.0
     assert episode_metrics([]) == {
-        "accuracy": 0.0, "mean_turns": 0.0, "valid_tool_call_rate": 0.0, "format_error_rate": 0.0,
+        "accuracy": 0.0, "mean_turns": 0.0, "tool_calls_per_step": 0.0, "tool_calls_per_episode": 0.0,
+        "answer_without_tool_rate": 0.0, "valid_tool_call_rate": 0.0, "format_error_rate": 0.0,
         "truncated_rate": 0.0, "n_episodes": 0.0,
     }
 
@@ -358,3 +401,7 @@ def test_episode_metrics_of_a_real_run(tok, renderer, eos):
     assert m["valid_tool_call_rate"] == pytest.approx(2 / 3)  # a: 1 good + 1 bad, b: 1 good
     assert m["format_error_rate"] == pytest.approx(3 / 6)  # a's bad call, b's cut, c's untagged answer
     assert m["truncated_rate"] == pytest.approx(1 / 3)
+    assert [s["n_calls"] for s in steps] == [1, 1, 0, 1, 0, 0]  # a's bad call counts as a call
+    assert m["tool_calls_per_step"] == pytest.approx(3 / 6)
+    assert m["tool_calls_per_episode"] == pytest.approx(3 / 3)
+    assert m["answer_without_tool_rate"] == pytest.approx(1 / 3)  # c's untagged final text
