@@ -6,7 +6,6 @@ a byte-level BPE tokenizer trained on the task's training conversations and a sm
 
 from __future__ import annotations
 
-import json
 
 import polars as pl
 from prefect import flow, task
@@ -22,16 +21,15 @@ OUT = REPO / "models" / "base"
 
 
 def conversation_corpus(params: Params) -> list[str]:
-    """Training conversations (prompt + expert turns) rendered with the embedded chat template."""
+    """Training conversations (prompt + each demonstration of a row) rendered with the embedded chat template."""
     spec = get_task(params.task)
     rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "train.parquet").to_dicts()
     bootstrap = build_tokenizer([], vocab_size=300)  # bytes only: used just to render the template
     return [
-        bootstrap.apply_chat_template(
-            spec.initial_messages(row) + json.loads(row["expert"]), tools=spec.tools(), tokenize=False
-        )
+        bootstrap.apply_chat_template(spec.initial_messages(row) + demo, tools=spec.tools(), tokenize=False)
         for row in rows
         if row["expert"]
+        for demo in spec.demonstrations(row)
     ]
 
 

@@ -16,7 +16,13 @@ KW = dict(n_train=300, n_val=20, n_test=30, min_calls=1, max_calls=3, max_operan
 def test_weak_demo_by_hand():
     rng = random.Random(0)
     short, long = generate_problem(rng, 2, 99), generate_problem(rng, 3, 99)
-    assert weak_messages(short, 2) == [{"role": "assistant", "content": f"<answer>{short.answer}</answer>"}]
+    (weak,) = weak_messages(short, 2)
+    lines = weak["content"].split("\n")
+    assert weak["role"] == "assistant" and "tool_calls" not in weak and len(lines) == 3
+    a, op, b, eq, r1 = lines[0].split()
+    assert eq == "=" and int(r1) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b), "/": int(a) // int(b)}[op]
+    assert lines[0].startswith(short.question.split()[2] + " ")  # the first number of the question
+    assert lines[1].startswith(r1 + " ") and lines[2] == f"<answer>{short.answer}</answer>"
     assert weak_messages(long, 2) is None
     assert weak_messages(short, 0) is None
 

@@ -9,15 +9,16 @@ exact by a divisor in 2..min(max_operand, 1000) other than the value itself, pro
 10**12). The expert trajectory writes exactly those calls and the answer.
 
 Weaker demonstrations (``weak_max_calls``, ``weak_per_question``): a second demonstrator solves the
-same questions the way many human-written solutions do: a problem that looks short (at most
-``weak_max_calls`` operations) it answers straight from mental arithmetic, ``<answer>N</answer>`` with no
-calculator call; longer ones it leaves to the expert. Its answers are always right (it does not slip),
-but a model that imitates it has to do the whole computation in one forward pass, which the embedded
-model cannot. A question gets ``weak_per_question`` copies of its weak demonstration on average (a
-fractional part is drawn per question), from a separate random stream, so the problems do not depend
-on them. (A weaker demonstrator that skips single calls mid-chain, carrying a mental result into the
-next call, was tried first: the calls of its demonstrations hold numbers that appear nowhere in the
-question or the tool results, and a model trained on them stopped copying operands at all.)
+same questions the way GSM8K's human-written solutions do: a problem that looks short (at most
+``weak_max_calls`` operations) it works out in its head, writing each step as text and then the answer
+("53 - 52 = 1\n1 * 91 = 91\n<answer>91</answer>", one turn, no calculator call); longer ones it leaves
+to the expert. Its steps are always right (it does not slip), but a model that imitates it must produce
+each result itself, which the embedded model cannot. A question gets ``weak_per_question`` copies of
+its weak demonstration on average (a fractional part is drawn per question), from a separate random
+stream, so the problems do not depend on them. Two designs were measured and dropped (SFT greedy test
+accuracy 3% and 6.5%): skipping single calls mid-chain (calls then hold numbers found nowhere in the
+context) and bare answers with no working (a number right after the question); both kept the model
+from learning to copy operands.
 
 Splits come from independent random streams (seed, split), generated test first, then val, then
 train, each skipping questions already taken, so no question is shared between splits and the test
@@ -64,9 +65,16 @@ class Problem:
 
 
 def weak_messages(problem: Problem, max_calls: int) -> list[dict] | None:
-    """The weaker demonstrator's messages: a direct answer for a problem of at most ``max_calls``
-    operations, None for a longer one (it leaves that to the expert)."""
-    return [answer_message(problem.answer)] if problem.n_calls <= max_calls else None
+    """The weaker demonstrator's one message for a problem of at most ``max_calls`` operations: each
+    calculator call of the expert written as "expression = result" text, then the answer; None for a
+    longer problem (it leaves that to the expert)."""
+    if problem.n_calls > max_calls:
+        return None
+    calls = problem.expert[:-1:2]  # assistant tool calls, each followed by its tool message
+    results = problem.expert[1:-1:2]
+    work = [f"{c['tool_calls'][0]['function']['arguments']['expression']} = {r['content']}"
+            for c, r in zip(calls, results)]
+    return [{"role": "assistant", "content": "\n".join(work + [f"<answer>{problem.answer}</answer>"])}]
 
 
 def _feasible(value: int, max_operand: int) -> dict[str, tuple[int, int] | list[int]]:
