@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 from flows import REPO
 from components.config import ConfigError, Params, load_params
+from components.determinism import DeterminismSettings, make_deterministic
 
 
 class StageError(Exception):
@@ -20,8 +21,10 @@ class StageError(Exception):
 def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
     """Run a stage from the command line; bad input ends it with ONE clear error line.
 
-    ``run`` checks its inputs (params, model path, source data) BEFORE it enters its Prefect flow,
-    raising ConfigError or StageError, so a bad input stops the stage before any work.
+    Before ``run``, the process is made deterministic (:func:`make_stage_deterministic`: every random
+    source seeded with ``params.seed``, a fixed thread count), so a rerun with the same inputs gives
+    the same outputs. ``run`` checks its inputs (params, model path, source data) BEFORE it enters its
+    Prefect flow, raising ConfigError or StageError, so a bad input stops the stage before any work.
     """
     parser = argparse.ArgumentParser(prog=f"python -m {run.__module__}")
     parser.add_argument("--params", default="params.yaml", help="params file (default params.yaml)")
@@ -29,6 +32,7 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
         parser.add_argument(name, **kw)
     args = vars(parser.parse_args())
     try:
+        make_stage_deterministic(args["params"])
         run(**args)
     except (ConfigError, StageError) as err:
         for line in str(err).splitlines() or [type(err).__name__]:  # one line per problem
@@ -38,6 +42,26 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
 
 def read_params(path: str) -> Params:
     return load_params(path)
+
+
+_DETERMINISM: DeterminismSettings | None = None  # what stage_main set; tagged on the stage's MLflow run
+
+
+def make_stage_deterministic(params_path: str) -> DeterminismSettings:
+    """Seed random/numpy/torch with the params file's ``seed``, deterministic torch algorithms and a
+    fixed thread count (``OMP_NUM_THREADS`` if set, else at most 2: components.determinism), before
+    the stage does anything. The thread count can change float results: it is tagged on the MLflow run.
+
+    The params file is validated here (a bad one raises ConfigError, as the stage itself would).
+    Stages that need their own streams still derive them from params.seed (e.g. per-iteration seeds).
+    """
+    global _DETERMINISM
+    settings = _DETERMINISM = make_deterministic(read_params(params_path).seed)
+    print(
+        f"determinism: seed {settings.seed}, {settings.threads} torch thread(s), deterministic algorithms",
+        flush=True,
+    )
+    return settings
 
 
 def tracking_uri(params: Params) -> str:
@@ -109,6 +133,8 @@ def mlflow_run(
         except Exception:  # noqa: BLE001 - the store no longer has it: start a new run
             run_id = None
     kwargs = {"run_id": run_id} if run_id else {"run_name": run_name}
+    if _DETERMINISM is not None:
+        tags = {"steprl.torch_threads": str(_DETERMINISM.threads), **(tags or {})}
     with mlflow.start_run(**kwargs, tags={"steprl.stage": run_name, **(tags or {})}) as run:
         if not run_id:
             mlflow.log_params({k: ("null" if v is None else v) for k, v in flat.items()})
