@@ -228,7 +228,8 @@ def test_load_params_applies_dotted_overrides(tmp_path):
     # an override through a key that is not a section is a ConfigError naming both, not a TypeError
     with pytest.raises(ConfigError, match=r"override seed\.x: seed is 1, not a section"):
         load_params(f, overrides={"seed.x": 1})
-    with pytest.raises(ConfigError, match=r"override algorithms\.grpo\.lr\.x: algorithms\.grpo\.lr is 0\.0001"):
+    lr = re.escape(repr(RAW["algorithms"]["grpo"]["lr"]))
+    with pytest.raises(ConfigError, match=rf"override algorithms\.grpo\.lr\.x: algorithms\.grpo\.lr is {lr}"):
         load_params(PARAMS, overrides={"algorithms.grpo.lr.x": 1})
 
 
