@@ -25,6 +25,8 @@ import numpy as np
 import polars as pl
 from scipy import stats as _scipy_stats
 
+from components.agent.loop import episode_correctness
+
 __all__ = [
     "Estimate",
     "problem_results",
@@ -67,18 +69,6 @@ class Estimate:
 # --- per-problem results --------------------------------------------------------------------------
 
 
-def _episode_correct(steps: Sequence[Mapping]) -> dict[str, dict[str, bool]]:
-    """problem id (group_id) -> episode id (traj_id) -> whether any step of the episode is correct."""
-    out: dict[str, dict[str, bool]] = {}
-    for i, s in enumerate(steps):
-        for key in ("group_id", "traj_id", "correct"):
-            if key not in s:
-                raise ValueError(f"step record {i} has no {key!r} (keys: {sorted(s)})")
-        group = out.setdefault(str(s["group_id"]), {})
-        group[str(s["traj_id"])] = group.get(str(s["traj_id"]), False) or bool(s["correct"])
-    return out
-
-
 def problem_results(ids: Sequence[str], greedy: Sequence[Mapping], sampled: Sequence[Mapping] = ()) -> pl.DataFrame:
     """One row per problem of ``ids`` (in that order): ``correct`` (its greedy episode, 0/1),
     ``sampled_correct`` (fraction of its sampled episodes that are correct; null without any) and
@@ -92,7 +82,7 @@ def problem_results(ids: Sequence[str], greedy: Sequence[Mapping], sampled: Sequ
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"problem ids must be unique; repeated: {dup[:5]}")
     known = set(ids)
-    g, s = _episode_correct(greedy), _episode_correct(sampled)
+    g, s = episode_correctness(greedy), episode_correctness(sampled)
     for what, found in (("greedy", g), ("sampled", s)):
         unknown = sorted(set(found) - known)
         if unknown:

@@ -6,7 +6,6 @@ a byte-level BPE tokenizer trained on the task's training conversations and a sm
 
 from __future__ import annotations
 
-
 import polars as pl
 from prefect import flow, task
 

@@ -132,6 +132,18 @@ def _end_overlong(ep: Episode, turn: int) -> None:
                 feedback="[prompt longer than max_prompt_len]", info={})
 
 
+def episode_correctness(steps: Sequence[Mapping]) -> dict[str, dict[str, bool]]:
+    """problem id (group_id) -> episode id (traj_id) -> whether any step of the episode is correct."""
+    out: dict[str, dict[str, bool]] = {}
+    for i, s in enumerate(steps):
+        for key in ("group_id", "traj_id", "correct"):
+            if key not in s:
+                raise ValueError(f"step record {i} has no {key!r} (keys: {sorted(s)})")
+        group = out.setdefault(str(s["group_id"]), {})
+        group[str(s["traj_id"])] = group.get(str(s["traj_id"]), False) or bool(s["correct"])
+    return out
+
+
 def sampled_metrics(steps: list[dict]) -> dict[str, float]:
     """mean@k and pass@k of k sampled episodes per prompt (episodes grouped by ``group_id``).
 
@@ -139,10 +151,7 @@ def sampled_metrics(steps: list[dict]) -> dict[str, float]:
     ``pass_at_k`` the fraction of prompts with at least one correct episode, ``samples_per_prompt`` the
     k (the smallest group, so an uneven batch never overstates it).
     """
-    correct: dict[str, dict[str, bool]] = {}
-    for s in steps:
-        group = correct.setdefault(s["group_id"], {})
-        group[s["traj_id"]] = group.get(s["traj_id"], False) or bool(s["correct"])
+    correct = episode_correctness(steps)
     if not correct:
         return {"sampled_accuracy": 0.0, "pass_at_k": 0.0, "samples_per_prompt": 0.0}
     groups = [list(g.values()) for g in correct.values()]
