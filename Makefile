@@ -6,7 +6,7 @@ EXTRA  ?= cpu
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup repro test test-all clean-venv mlflow-ui
+.PHONY: setup repro test test-all lint format clean-venv mlflow-ui
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,19 @@ setup: $(VENV)/.installed
 repro: setup
 	dvc repro
 
-# The default test run (slow end-to-end tests excluded; one real end-to-end pass included).
-test: setup
+# Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first.
+lint: setup
+	ruff check .
+	ruff format --check .
+
+# Apply ruff's formatting and safe fixes.
+format: setup
+	ruff check --fix .
+	ruff format .
+
+# The default test run (lint, then the tests: slow end-to-end tests excluded; one real end-to-end
+# pass included).
+test: setup lint
 	pytest
 
 # Everything, slow tests included.

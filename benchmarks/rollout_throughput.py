@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
-import flows  # noqa: F401  (process defaults for vLLM/DeepSpeed)
 import polars as pl
 from transformers import AutoTokenizer
 
+import flows  # noqa: F401  (process defaults for vLLM/DeepSpeed)
 from components.agent.loop import Episode, run_episodes
 from components.agent.render import ChatRenderer
 from components.envs import get_task
@@ -40,8 +40,17 @@ def main() -> None:
         for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
             episodes = [Episode(f"b-{r['id']}", f"b-{r['id']}", spec.make_env(r), r) for r in rows]
             t1 = time.perf_counter()
-            steps = run_episodes(engine, renderer, episodes, max_steps=4, max_prompt_len=512,
-                                 max_response_len=64, temperature=temperature, seed=0, desc=f"{name} {mode}")
+            steps = run_episodes(
+                engine,
+                renderer,
+                episodes,
+                max_steps=4,
+                max_prompt_len=512,
+                max_response_len=64,
+                temperature=temperature,
+                seed=0,
+                desc=f"{name} {mode}",
+            )
             dt = time.perf_counter() - t1
             tokens = sum(len(s["response_ids"]) for s in steps)
             print(f"{name:6} {mode:8} {start:8.1f} {len(rows) / dt:11.1f} {tokens / dt:9.0f}", flush=True)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import flows  # noqa: F401  (process defaults)
 import polars as pl
 import torch
 from transformers import AutoModelForCausalLM
 
+import flows  # noqa: F401  (process defaults)
 from components.train.policy import make_token_batch, response_logprobs
 from components.train.rl_update import trajectory_chunks
 
@@ -35,11 +35,15 @@ def main() -> None:
     rows = pl.read_parquet(args.batch).to_dicts()
     model = AutoModelForCausalLM.from_pretrained(args.model)
     chunks = [[rows[i] for i in idx] for idx in trajectory_chunks(rows, args.micro)]
-    print(f"{len(rows)} step rows, {len({r['traj_id'] for r in rows})} trajectories, {len(chunks)} micro-batches")
+    print(
+        f"{len(rows)} step rows, {len({r['traj_id'] for r in rows})} trajectories, {len(chunks)} micro-batches"
+    )
     results = {}
     for pack in (False, True):
-        batches = [make_token_batch([r["prompt_ids"] for r in c], [r["response_ids"] for r in c], 0, pack=pack)
-                   for c in chunks]
+        batches = [
+            make_token_batch([r["prompt_ids"] for r in c], [r["response_ids"] for r in c], 0, pack=pack)
+            for c in chunks
+        ]
         tokens = sum(int(b.attention_mask.sum()) for b in batches)
         times = []
         for _ in range(args.repeats):

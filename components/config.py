@@ -44,7 +44,7 @@ class PrepareParams(Section):
     source_path: str | None = None
 
     @model_validator(mode="after")
-    def _calls_ordered(self) -> "PrepareParams":
+    def _calls_ordered(self) -> PrepareParams:
         if self.min_calls > self.max_calls:
             raise ValueError(f"min_calls={self.min_calls} > max_calls={self.max_calls}")
         return self
@@ -63,7 +63,7 @@ class ModelParams(Section):
     max_position_embeddings: int = Field(1024, ge=64)
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelParams":
+    def _heads_divide(self) -> ModelParams:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
@@ -94,7 +94,7 @@ class SFTParams(Section):
     rows: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
-    def _micro_divides(self) -> "SFTParams":
+    def _micro_divides(self) -> SFTParams:
         if self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} > steps={self.steps}")
         if self.batch_size % self.micro_batch_size:
@@ -195,7 +195,7 @@ class TrainParams(Section):
     val_samples: int = Field(64, ge=1)
 
     @model_validator(mode="after")
-    def _rollout_logprobs_need_t1(self) -> "TrainParams":
+    def _rollout_logprobs_need_t1(self) -> TrainParams:
         if self.old_logprobs == "rollout" and self.temperature != 1.0:
             raise ValueError(
                 f"old_logprobs='rollout' needs temperature=1.0 (got temperature={self.temperature}): the "
@@ -204,7 +204,7 @@ class TrainParams(Section):
         return self
 
     @model_validator(mode="after")
-    def _micro_divides(self) -> "TrainParams":
+    def _micro_divides(self) -> TrainParams:
         if self.mini_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"mini_batch_size={self.mini_batch_size} is not a multiple of micro_batch_size={self.micro_batch_size}"
@@ -220,7 +220,7 @@ class CompareParams(Section):
     seeds: list[int] = [0, 1]
 
     @model_validator(mode="after")
-    def _seeds_valid(self) -> "CompareParams":
+    def _seeds_valid(self) -> CompareParams:
         if not self.seeds:
             raise ValueError("seeds=[] is empty: give at least one RL seed (e.g. [0])")
         negative = [s for s in self.seeds if s < 0]
@@ -269,7 +269,7 @@ class Params(Section):
     mlflow: MLflowParams = MLflowParams()
 
     @model_validator(mode="after")
-    def _context_fits(self) -> "Params":
+    def _context_fits(self) -> Params:
         need = self.rollout.max_prompt_len + self.rollout.max_response_len
         if self.model.path is None and need > self.model.max_position_embeddings:
             raise ValueError(
@@ -279,7 +279,7 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _rl_prompts_left(self) -> "Params":
+    def _rl_prompts_left(self) -> Params:
         rows, n_train = self.sft.rows, self.prepare.n_train
         if self.prepare.source_path is None and rows is not None and rows >= n_train:
             raise ValueError(
@@ -289,7 +289,7 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
-    def _algorithms_known(self) -> "Params":
+    def _algorithms_known(self) -> Params:
         for name in self.compare.algorithms:
             if name not in self.algorithms:
                 raise ValueError(

@@ -6,17 +6,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
-from components.io import write_atomic  # noqa: E402
+from components.io import write_atomic
 
 
 def line_chart(
@@ -83,12 +83,26 @@ def band_chart(panels: Sequence[Panel], path: str | Path, *, title: str) -> Path
     for ax, panel in zip(axes[0], panels):
         for name, band in panel.bands.items():
             c = colours[name]
-            ax.plot(list(band.x), list(band.mean), color=c, marker="o" if len(band.x) < 30 else None,
-                    markersize=3, label=name)
+            ax.plot(
+                list(band.x),
+                list(band.mean),
+                color=c,
+                marker="o" if len(band.x) < 30 else None,
+                markersize=3,
+                label=name,
+            )
             ax.fill_between(list(band.x), list(band.low), list(band.high), color=c, alpha=0.2, linewidth=0)
         for i, (label, (px, py)) in enumerate(panel.points.items()):
-            ax.plot([px], [py], linestyle="none", marker="*^sD"[i % 4], markersize=11, color="black",
-                    label=label, zorder=5)
+            ax.plot(
+                [px],
+                [py],
+                linestyle="none",
+                marker="*^sD"[i % 4],
+                markersize=11,
+                color="black",
+                label=label,
+                zorder=5,
+            )
         ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

@@ -22,7 +22,7 @@ import pandera.errors as pa_errors
 import pandera.polars as pa
 import polars as pl
 
-__all__ = ["TaskSchema", "StepSchema", "ProblemSchema", "validate_table", "SPLIT_NAMES"]
+__all__ = ["SPLIT_NAMES", "ProblemSchema", "StepSchema", "TaskSchema", "validate_table"]
 
 SPLIT_NAMES = ["train", "val", "test"]
 
@@ -122,7 +122,8 @@ def validate_table(df: pl.DataFrame, schema: type[pa.DataFrameModel], source: st
         # A column of the wrong dtype is reported once, not again by each of its checks.
         bad_dtype = {c["column"] for c in cases if str(c["check"]).startswith(("dtype(", "coerce_dtype("))}
         cases = [
-            c for c in cases
+            c
+            for c in cases
             if str(c["check"]).startswith("dtype(")
             or (c["column"] not in bad_dtype and not (bad_dtype and c["column"] == name))
         ]

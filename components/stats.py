@@ -18,8 +18,8 @@ Pure: no Prefect, no MLflow, no file access.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 import polars as pl
@@ -28,13 +28,13 @@ from scipy import stats as _scipy_stats
 from components.agent.loop import episode_correctness
 
 __all__ = [
+    "RESAMPLED",
     "Estimate",
+    "curve_band",
+    "difference_interval",
+    "mean_interval",
     "problem_results",
     "score_matrix",
-    "mean_interval",
-    "difference_interval",
-    "curve_band",
-    "RESAMPLED",
 ]
 
 # What the intervals resample, in words (for reports).
@@ -69,7 +69,9 @@ class Estimate:
 # --- per-problem results --------------------------------------------------------------------------
 
 
-def problem_results(ids: Sequence[str], greedy: Sequence[Mapping], sampled: Sequence[Mapping] = ()) -> pl.DataFrame:
+def problem_results(
+    ids: Sequence[str], greedy: Sequence[Mapping], sampled: Sequence[Mapping] = ()
+) -> pl.DataFrame:
     """One row per problem of ``ids`` (in that order): ``correct`` (its greedy episode, 0/1),
     ``sampled_correct`` (fraction of its sampled episodes that are correct; null without any) and
     ``n_sampled``.
@@ -96,14 +98,18 @@ def problem_results(ids: Sequence[str], greedy: Sequence[Mapping], sampled: Sequ
     rows = []
     for i in ids:
         eps = list(s.get(i, {}).values())
-        rows.append({
-            "id": i,
-            "correct": int(next(iter(g[i].values()))),
-            "sampled_correct": (sum(eps) / len(eps)) if eps else None,
-            "n_sampled": len(eps),
-        })
-    return pl.DataFrame(rows, schema={"id": pl.String, "correct": pl.Int64, "sampled_correct": pl.Float64,
-                                      "n_sampled": pl.Int64})
+        rows.append(
+            {
+                "id": i,
+                "correct": int(next(iter(g[i].values()))),
+                "sampled_correct": (sum(eps) / len(eps)) if eps else None,
+                "n_sampled": len(eps),
+            }
+        )
+    return pl.DataFrame(
+        rows,
+        schema={"id": pl.String, "correct": pl.Int64, "sampled_correct": pl.Float64, "n_sampled": pl.Int64},
+    )
 
 
 def score_matrix(tables: Mapping[str, pl.DataFrame], column: str, ids: Sequence[str]) -> np.ndarray:
@@ -129,7 +135,9 @@ def score_matrix(tables: Mapping[str, pl.DataFrame], column: str, ids: Sequence[
         values = dict(zip(got, df[column].to_list()))
         nulls = [i for i in ids if values[i] is None]
         if nulls:
-            raise ValueError(f"{name}: column {column!r} is null for {len(nulls)} problem(s), e.g. {nulls[:5]}")
+            raise ValueError(
+                f"{name}: column {column!r} is null for {len(nulls)} problem(s), e.g. {nulls[:5]}"
+            )
         rows.append([float(values[i]) for i in ids])
     return np.asarray(rows, dtype=float)
 
@@ -148,11 +156,14 @@ def _as_matrix(scores: np.ndarray | Sequence, what: str) -> np.ndarray:
     if a.ndim != 2:
         raise ValueError(f"{what}: scores must be a (seeds, problems) matrix, got shape {a.shape}")
     if a.shape[0] < 1 or a.shape[1] < 2:
-        raise ValueError(f"{what}: need at least 1 seed and 2 problems, got {a.shape[0]} seed(s) x "
-                         f"{a.shape[1]} problem(s)")
+        raise ValueError(
+            f"{what}: need at least 1 seed and 2 problems, got {a.shape[0]} seed(s) x {a.shape[1]} problem(s)"
+        )
     if not np.isfinite(a).all():
         seed, problem = map(int, np.argwhere(~np.isfinite(a))[0])
-        raise ValueError(f"{what}: scores must be finite; seed row {seed}, problem {problem} is {a[seed, problem]}")
+        raise ValueError(
+            f"{what}: scores must be finite; seed row {seed}, problem {problem} is {a[seed, problem]}"
+        )
     return a
 
 
@@ -165,15 +176,25 @@ def _bootstrap_mean(per_problem: np.ndarray, confidence: float, n_resamples: int
     if np.all(per_problem == per_problem[0]):  # every resample has this mean (scipy would warn, NaN)
         return Estimate(value, value, value, confidence)
     res = _scipy_stats.bootstrap(
-        (per_problem,), np.mean, n_resamples=n_resamples, confidence_level=confidence, method="percentile",
-        vectorized=True, batch=1000, rng=np.random.default_rng(seed),
+        (per_problem,),
+        np.mean,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        batch=1000,
+        rng=np.random.default_rng(seed),
     )
     ci = res.confidence_interval
     return Estimate(value, float(ci.low), float(ci.high), confidence)
 
 
 def mean_interval(
-    scores: np.ndarray | Sequence, *, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0,
+    scores: np.ndarray | Sequence,
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
     what: str = "scores",
 ) -> Estimate:
     """Mean of a (seeds, problems) score matrix (or one seed's vector) with its bootstrap interval
@@ -183,16 +204,23 @@ def mean_interval(
 
 
 def difference_interval(
-    scores: np.ndarray | Sequence, baseline: np.ndarray | Sequence, *, confidence: float = 0.95,
-    n_resamples: int = 10_000, seed: int = 0, what: tuple[str, str] = ("scores", "baseline"),
+    scores: np.ndarray | Sequence,
+    baseline: np.ndarray | Sequence,
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    what: tuple[str, str] = ("scores", "baseline"),
 ) -> Estimate:
     """Mean of ``scores`` minus mean of ``baseline`` (each a (seeds, problems) matrix or a vector,
     their seeds may differ in number), paired on problems: the bootstrap resamples problems and each
     problem contributes its mean over ``scores``' seeds minus its mean over ``baseline``'s."""
     a, b = _as_matrix(scores, what[0]), _as_matrix(baseline, what[1])
     if a.shape[1] != b.shape[1]:
-        raise ValueError(f"{what[0]} has {a.shape[1]} problems but {what[1]} has {b.shape[1]}: a paired "
-                         "difference needs the same problems in the same order")
+        raise ValueError(
+            f"{what[0]} has {a.shape[1]} problems but {what[1]} has {b.shape[1]}: a paired "
+            "difference needs the same problems in the same order"
+        )
     return _bootstrap_mean(a.mean(axis=0) - b.mean(axis=0), confidence, n_resamples, seed)
 
 
@@ -217,8 +245,12 @@ def curve_band(curves: Mapping[str, pl.DataFrame], x: str, y: str) -> pl.DataFra
     return (
         pl.concat(parts)
         .group_by(x)
-        .agg(pl.col(y).mean().alias("mean"), pl.col(y).min().alias("low"), pl.col(y).max().alias("high"),
-             pl.len().alias("_n"))
+        .agg(
+            pl.col(y).mean().alias("mean"),
+            pl.col(y).min().alias("low"),
+            pl.col(y).max().alias("high"),
+            pl.len().alias("_n"),
+        )
         .filter(pl.col("_n") == n)
         .drop("_n")
         .sort(x)

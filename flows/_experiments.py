@@ -33,9 +33,10 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 from components.config import ConfigError, Params, load_params
 
@@ -44,8 +45,8 @@ __all__ = [
     "ExperimentError",
     "ExperimentResult",
     "build_overrides",
-    "check_overrides",
     "check_experiment_name",
+    "check_overrides",
     "check_targets",
     "experiment_ref",
     "hydra_value",
@@ -103,7 +104,9 @@ def hydra_value(value: Any, *, key: str = "value") -> str:
         return repr(value)
     if isinstance(value, str):
         if "${" in value:  # OmegaConf would resolve it while DVC applies the override
-            raise ConfigError(f"{key}: {value!r} contains '${{', which DVC's override parser would interpolate")
+            raise ConfigError(
+                f"{key}: {value!r} contains '${{', which DVC's override parser would interpolate"
+            )
         # Hydra quoted strings: escape quotes, and double the backslashes that precede a quote or the end.
         out = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
         out = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, out)
@@ -212,7 +215,9 @@ def check_experiment_name(name: str) -> str:
 def _git(repo: Path, *args: str, check: bool = True) -> str:
     proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise ExperimentError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip() or proc.stdout.strip()}")
+        raise ExperimentError(
+            f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip() or proc.stdout.strip()}"
+        )
     return proc.stdout.strip()
 
 
@@ -237,7 +242,9 @@ def params_at(repo: Path, baseline: Baseline, rev: str) -> str:
         return (repo / "params.yaml").read_text()
     text = _git(repo, "show", f"{rev}:params.yaml", check=False)
     if not text:
-        raise ExperimentError(f"params.yaml is not committed at {rev[:8]}; commit it or use baseline='workspace'")
+        raise ExperimentError(
+            f"params.yaml is not committed at {rev[:8]}; commit it or use baseline='workspace'"
+        )
     return text + "\n"
 
 
@@ -283,7 +290,7 @@ def read_metrics(repo: Path, rev: str, since: str | None = None, folder: str = "
         except (json.JSONDecodeError, ExperimentError):
             continue
         stem = Path(name).stem
-        for key, value in (data.items() if isinstance(data, dict) else []):
+        for key, value in data.items() if isinstance(data, dict) else []:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[f"{stem}.{key}"] = float(value)
     return out
@@ -296,14 +303,21 @@ def _cache_dir(repo: Path) -> str:
         return str(r.cache.local_cache_dir)
 
 
-def _stream(cmd: list[str], cwd: Path, env: dict[str, str], on_line: Callable[[str], None]) -> tuple[int, str]:
+def _stream(
+    cmd: list[str], cwd: Path, env: dict[str, str], on_line: Callable[[str], None]
+) -> tuple[int, str]:
     """Run ``cmd`` in its own process group and hand each output line to ``on_line`` (in this thread).
 
     Returns (exit code, output) once the command exits; whatever it left running in its group is
     then killed (also when ``on_line`` or a signal interrupts the wait), so nothing outlives the run.
     """
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     pending: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, pending), daemon=True)
@@ -422,7 +436,9 @@ def run_experiment(
     rev = head_rev(repo)
     ref = experiment_ref(rev, name)
     if ref_exists(repo, ref):
-        raise ConfigError(f"experiment_name {name!r}: an experiment of that name already exists for {rev[:7]}")
+        raise ConfigError(
+            f"experiment_name {name!r}: an experiment of that name already exists for {rev[:7]}"
+        )
     dvc = [sys.executable, "-m", "dvc", "--wait-for-lock", "exp", "run", "-n", name]
     for o in overrides:
         dvc += ["-S", o]
@@ -445,10 +461,14 @@ def run_experiment(
             if code == 0:
                 fetched = subprocess.run(
                     ["git", "fetch", "--quiet", "--no-tags", str(run_dir), f"{ref}:{ref}"],
-                    cwd=repo, capture_output=True, text=True,
+                    cwd=repo,
+                    capture_output=True,
+                    text=True,
                 )
                 if fetched.returncode != 0:
-                    raise ExperimentError(f"could not bring experiment {name!r} back: {fetched.stderr.strip()}")
+                    raise ExperimentError(
+                        f"could not bring experiment {name!r} back: {fetched.stderr.strip()}"
+                    )
     if code != 0:
         tail = "\n".join(log.splitlines()[-30:])
         raise ExperimentError(f"dvc exp run failed (exit code {code}); last lines:\n{tail}")

@@ -6,12 +6,13 @@ import argparse
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from flows import REPO
 from components.config import ConfigError, Params, load_params
 from components.determinism import DeterminismSettings, make_deterministic
+from flows import REPO
 
 
 class StageError(Exception):
@@ -90,8 +91,9 @@ def ensure_experiment(name: str, artifact_location: str | None = None) -> str:
     Safe when several processes create it at once: the loser of the race reads the winner's id.
     (``mlflow.set_experiment(name)`` alone is not: in MLflow 3.x its loser keeps the Default
     experiment active and logs its run there.)"""
-    import mlflow
     from mlflow.exceptions import MlflowException
+
+    import mlflow
 
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
@@ -130,7 +132,7 @@ def mlflow_run(
         try:
             if mlflow.get_run(run_id).info.lifecycle_stage == "deleted":
                 run_id = None
-        except Exception:  # noqa: BLE001 - the store no longer has it: start a new run
+        except Exception:
             run_id = None
     kwargs = {"run_id": run_id} if run_id else {"run_name": run_name}
     if _DETERMINISM is not None:

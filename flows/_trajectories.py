@@ -17,7 +17,9 @@ def render_samples(steps: list[dict], limit: int = 20, tokenizer: Any = None, pr
         out.append(f"## {traj_id}: return {ret:.2f}, {len(traj)} steps, {status}\n")
         if tokenizer is not None:
             first = min(traj, key=lambda s: s["step"])
-            out.append(f"prompt (end):\n```\n...{tokenizer.decode(first['prompt_ids'])[-prompt_chars:]}\n```\n")
+            out.append(
+                f"prompt (end):\n```\n...{tokenizer.decode(first['prompt_ids'])[-prompt_chars:]}\n```\n"
+            )
         for s in sorted(traj, key=lambda s: s["step"]):
             flags = " (truncated)" if s["truncated"] else ""
             out.append(f"**step {s['step']}** reward {s['reward']:.2f}{flags}\n")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import polars as pl
 from prefect import flow, task
 
+from components.config import ModelParams, Params
+from components.envs import get_task
+from components.model.tiny import build_tiny_model, load_hf, save_hf
+from components.model.tokenizer import build_tokenizer
 from flows import REPO
 from flows._stage import StageError, read_params, repo_path, stage_main
-from components.config import ModelParams, Params
-from components.model.tiny import CheckpointError, build_tiny_model, load_hf, save_hf
-from components.model.tokenizer import build_tokenizer
-from components.envs import get_task
 
 OUT = REPO / "models" / "base"
 

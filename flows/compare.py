@@ -17,23 +17,27 @@ from __future__ import annotations
 
 import json
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 from prefect import flow, task
 
-from flows import REPO
-from flows._stage import StageError, mlflow_run, read_params, stage_main
 from components.config import Params
 from components.io import write_text
 from components.plots import Band, Panel, band_chart
 from components.schemas import ProblemSchema, validate_table
 from components.stats import RESAMPLED, Estimate, curve_band, difference_interval, mean_interval, score_matrix
+from flows import REPO
+from flows._stage import StageError, mlflow_run, read_params, stage_main
 
 CONFIDENCE = 0.95
 RESAMPLES = 10_000
 # Columns of eval json files shown when present (written by newer evaluate stages): key -> header.
-OPTIONAL_EVAL = {"tool_calls_per_step": "tool calls per step", "answer_without_tool_rate": "answer without tool"}
+OPTIONAL_EVAL = {
+    "tool_calls_per_step": "tool calls per step",
+    "answer_without_tool_rate": "answer without tool",
+}
 
 
 def _load(name: str) -> dict:
@@ -63,8 +67,16 @@ def _curve(name: str) -> pl.DataFrame:
 def _estimates(params: Params) -> dict:
     """Every number of the report: per-run metrics, and per algorithm the bootstrap estimates."""
     c = params.compare
-    runs = {name: {"algo": a, "seed": s, "eval": _load(f"eval_{name}.json"), "train": _load(f"train_{name}.json"),
-                   "problems": _problems(name)} for a, s, name in c.runs()}
+    runs = {
+        name: {
+            "algo": a,
+            "seed": s,
+            "eval": _load(f"eval_{name}.json"),
+            "train": _load(f"train_{name}.json"),
+            "problems": _problems(name),
+        }
+        for a, s, name in c.runs()
+    }
     sft_problems = _problems("sft")
     ids = sft_problems["id"].to_list()
     sampled = all(df["n_sampled"].min() > 0 for df in [sft_problems, *(r["problems"] for r in runs.values())])
@@ -72,7 +84,10 @@ def _estimates(params: Params) -> dict:
     kw = dict(confidence=CONFIDENCE, n_resamples=RESAMPLES, seed=0)
 
     def matrix(names: list[str], column: str) -> np.ndarray:
-        tables = {f"metrics/problems_{n}.parquet": (sft_problems if n == "sft" else runs[n]["problems"]) for n in names}
+        tables = {
+            f"metrics/problems_{n}.parquet": (sft_problems if n == "sft" else runs[n]["problems"])
+            for n in names
+        }
         try:
             return score_matrix(tables, column, ids)
         except ValueError as err:
@@ -87,7 +102,9 @@ def _estimates(params: Params) -> dict:
         for model, m in by_model.items():
             est["mean"][kind, model] = mean_interval(m, what=model, **kw)
             if model != "sft":
-                est["vs_sft"][kind, model] = difference_interval(m, by_model["sft"], what=(model, "sft"), **kw)
+                est["vs_sft"][kind, model] = difference_interval(
+                    m, by_model["sft"], what=(model, "sft"), **kw
+                )
         for a, b in combinations(c.algorithms, 2):
             est["pair"][kind, a, b] = difference_interval(by_model[a], by_model[b], what=(a, b), **kw)
     return {"runs": runs, "sft": _load("eval_sft.json"), "kinds": list(kinds), "n_problems": len(ids), **est}
@@ -110,11 +127,18 @@ def significance(e: Estimate) -> str:
 
 def _sentence(params: Params, est: dict, algo: str) -> str:
     label = {"greedy": "greedy", "sampled": f"sampled mean@{params.evaluate.samples}"}
-    parts = [f"{label[kind]} accuracy {est['mean'][kind, algo].value:.3f}, against SFT "
-             f"{significance(est['vs_sft'][kind, algo])}" for kind in est["kinds"]]
+    parts = [
+        f"{label[kind]} accuracy {est['mean'][kind, algo].value:.3f}, against SFT "
+        f"{significance(est['vs_sft'][kind, algo])}"
+        for kind in est["kinds"]
+    ]
     for other in (o for o in params.compare.algorithms if o != algo):
-        parts.append(f"against {other}: " + ", ".join(
-            f"{label[kind]} {significance(_pair(est, kind, algo, other))}" for kind in est["kinds"]))
+        parts.append(
+            f"against {other}: "
+            + ", ".join(
+                f"{label[kind]} {significance(_pair(est, kind, algo, other))}" for kind in est["kinds"]
+            )
+        )
     n = len(params.compare.seeds)
     return f"- **{algo}** ({n} seed{'s' if n > 1 else ''}): " + "; ".join(parts) + "."
 
@@ -139,16 +163,29 @@ def table(params: Params) -> str:
     def metric_cells(evals: list[dict], trains: list[dict]) -> list[str]:
         m = lambda key: _mean([e.get(key) for e in evals])  # noqa: E731
         t = lambda key: _mean([tr.get(key) for tr in trains])  # noqa: E731
-        cells = [_fmt(m("pass_at_k")) if sampled else "-", _fmt(m("mean_turns"), 2), _fmt(m("valid_tool_call_rate")),
-                 _fmt(m("format_error_rate"))]
+        cells = [
+            _fmt(m("pass_at_k")) if sampled else "-",
+            _fmt(m("mean_turns"), 2),
+            _fmt(m("valid_tool_call_rate")),
+            _fmt(m("format_error_rate")),
+        ]
         cells += [_fmt(m(key)) for key in optional]
-        cells += ["-" if not trains else f"{t('train_wall_time_s'):.0f}",
-                  "-" if not trains else f"{t('generated_tokens'):.0f}"]
+        cells += [
+            "-" if not trains else f"{t('train_wall_time_s'):.0f}",
+            "-" if not trains else f"{t('generated_tokens'):.0f}",
+        ]
         return cells
 
     extra_headers = [OPTIONAL_EVAL[key] for key in optional]
-    tail_headers = ["pass@k", "mean turns", "valid tool calls", "format errors", *extra_headers,
-                    "train wall time (s)", "generated tokens"]
+    tail_headers = [
+        "pass@k",
+        "mean turns",
+        "valid tool calls",
+        "format errors",
+        *extra_headers,
+        "train wall time (s)",
+        "generated tokens",
+    ]
 
     # 1. per algorithm: means over seeds with intervals, and the differences to SFT
     head = ["algorithm", "seeds", "accuracy (greedy) [95% CI]", "greedy vs SFT [95% CI]"]
@@ -163,8 +200,12 @@ def table(params: Params) -> str:
     lines.append(_row(sft_cells + metric_cells([est["sft"]], [])))
     for a in c.algorithms:
         mine = [r for r in runs.values() if r["algo"] == a]
-        cells = [a, ", ".join(str(r["seed"]) for r in mine), est["mean"]["greedy", a].format(),
-                 est["vs_sft"]["greedy", a].format(signed=True)]
+        cells = [
+            a,
+            ", ".join(str(r["seed"]) for r in mine),
+            est["mean"]["greedy", a].format(),
+            est["vs_sft"]["greedy", a].format(signed=True),
+        ]
         if sampled:
             cells += [est["mean"]["sampled", a].format(), est["vs_sft"]["sampled", a].format(signed=True)]
         else:
@@ -172,13 +213,29 @@ def table(params: Params) -> str:
         lines.append(_row(cells + metric_cells([r["eval"] for r in mine], [r["train"] for r in mine])))
 
     # 2. every run
-    per_seed = [_row(["run", "algorithm", "RL seed", "accuracy (greedy)", "sampled accuracy (mean@k)", *tail_headers])]
+    per_seed = [
+        _row(["run", "algorithm", "RL seed", "accuracy (greedy)", "sampled accuracy (mean@k)", *tail_headers])
+    ]
     per_seed.append(_row(["---"] * (5 + len(tail_headers))))
-    per_seed.append(_row(["sft", "-", "-", _fmt(est["sft"]["accuracy"]), _fmt(est["sft"].get("sampled_accuracy"))]
-                         + metric_cells([est["sft"]], [])))
+    per_seed.append(
+        _row(
+            ["sft", "-", "-", _fmt(est["sft"]["accuracy"]), _fmt(est["sft"].get("sampled_accuracy"))]
+            + metric_cells([est["sft"]], [])
+        )
+    )
     for name, r in runs.items():
-        per_seed.append(_row([name, r["algo"], str(r["seed"]), _fmt(r["eval"]["accuracy"]),
-                              _fmt(r["eval"].get("sampled_accuracy"))] + metric_cells([r["eval"]], [r["train"]])))
+        per_seed.append(
+            _row(
+                [
+                    name,
+                    r["algo"],
+                    str(r["seed"]),
+                    _fmt(r["eval"]["accuracy"]),
+                    _fmt(r["eval"].get("sampled_accuracy")),
+                ]
+                + metric_cells([r["eval"]], [r["train"]])
+            )
+        )
 
     # 3. algorithm against algorithm
     pairs = list(combinations(c.algorithms, 2))
@@ -187,7 +244,9 @@ def table(params: Params) -> str:
         pair_head = ["difference", "greedy [95% CI]"] + (["sampled (mean@k) [95% CI]"] if sampled else [])
         pair_lines = [_row(pair_head), _row(["---"] * len(pair_head))]
         for a, b in pairs:
-            pair_lines.append(_row([f"{a} - {b}"] + [_pair(est, kind, a, b).format(signed=True) for kind in est["kinds"]]))
+            pair_lines.append(
+                _row([f"{a} - {b}"] + [_pair(est, kind, a, b).format(signed=True) for kind in est["kinds"]])
+            )
 
     n_seeds = len(c.seeds)
     text = (
@@ -203,10 +262,15 @@ def table(params: Params) -> str:
         "over the algorithm's seeds minus SFT's on that problem. The intervals measure the uncertainty from the "
         "finite test set for these seeds; the per-run table shows the spread between seeds, which the intervals do "
         "not include. A difference is called significant when its interval excludes 0.\n\n"
-        + "\n".join(lines) + "\n\n"
-        "## Every run\n\n" + "\n".join(per_seed) + "\n\n"
+        + "\n".join(lines)
+        + "\n\n"
+        "## Every run\n\n"
+        + "\n".join(per_seed)
+        + "\n\n"
         + ("## Algorithm against algorithm\n\n" + "\n".join(pair_lines) + "\n\n" if pair_lines else "")
-        + "## In words\n\n" + "\n".join(_sentence(params, est, a) for a in c.algorithms) + "\n"
+        + "## In words\n\n"
+        + "\n".join(_sentence(params, est, a) for a in c.algorithms)
+        + "\n"
     )
     return str(write_text(text, REPO / "reports" / "compare.md"))
 
@@ -228,7 +292,9 @@ def chart(params: Params) -> str:
         except ValueError as err:
             raise StageError(f"compare: plots/train_<run>.csv: {err}") from None
         val[a] = Band(v["iteration"].to_list(), v["mean"].to_list(), v["low"].to_list(), v["high"].to_list())
-        score[a] = Band(r["iteration"].to_list(), r["mean"].to_list(), r["low"].to_list(), r["high"].to_list())
+        score[a] = Band(
+            r["iteration"].to_list(), r["mean"].to_list(), r["low"].to_list(), r["high"].to_list()
+        )
         for df in curves.values():  # iteration -1: the SFT policy on the val rows, before any update
             initial += df.filter(pl.col("iteration") == -1)["val_accuracy"].drop_nulls().to_list()
     points = {"SFT (val, iteration -1)": (-1.0, sum(initial) / len(initial))} if initial else {}
@@ -237,8 +303,13 @@ def chart(params: Params) -> str:
         Panel("(a) validation accuracy (greedy)", "RL iteration", "accuracy", val, points),
         Panel("(b) training reward (critic/score/mean)", "RL iteration", "mean score", score),
     ]
-    return str(band_chart(panels, REPO / "reports" / "compare.png",
-                          title=f"{params.task}: mean over RL seeds {seeds}, band = min..max over seeds"))
+    return str(
+        band_chart(
+            panels,
+            REPO / "reports" / "compare.png",
+            title=f"{params.task}: mean over RL seeds {seeds}, band = min..max over seeds",
+        )
+    )
 
 
 @flow(name="compare")
@@ -249,7 +320,7 @@ def compare_flow(params: Params) -> str:
         md, png = table(params), chart(params)
         mlflow.log_artifact(md)
         mlflow.log_artifact(png)
-    text = open(md).read()
+    text = Path(md).read_text()
     print(text)
     return text
 
@@ -257,17 +328,22 @@ def compare_flow(params: Params) -> str:
 def inputs(params: Params) -> list[str]:
     """The files the report reads (relative to the repo)."""
     names = [name for _, _, name in params.compare.runs()]
-    return (["metrics/eval_sft.json", "metrics/problems_sft.parquet"]
-            + [f"metrics/{kind}_{n}.json" for n in names for kind in ("eval", "train")]
-            + [f"metrics/problems_{n}.parquet" for n in names] + [f"plots/train_{n}.csv" for n in names])
+    return (
+        ["metrics/eval_sft.json", "metrics/problems_sft.parquet"]
+        + [f"metrics/{kind}_{n}.json" for n in names for kind in ("eval", "train")]
+        + [f"metrics/problems_{n}.parquet" for n in names]
+        + [f"plots/train_{n}.csv" for n in names]
+    )
 
 
 def main(params: str) -> None:
     p = read_params(params)
     missing = [f for f in inputs(p) if not (REPO / f).is_file()]
     if missing:
-        raise StageError(f"compare: {len(missing)} input file(s) missing, e.g. {', '.join(missing[:4])} "
-                         "(run the train and evaluate stages of every run of compare.algorithms x compare.seeds)")
+        raise StageError(
+            f"compare: {len(missing)} input file(s) missing, e.g. {', '.join(missing[:4])} "
+            "(run the train and evaluate stages of every run of compare.algorithms x compare.seeds)"
+        )
     compare_flow(p)
 
 

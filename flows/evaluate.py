@@ -19,18 +19,18 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from transformers import AutoTokenizer
 
-from flows import REPO
-from flows._stage import StageError, mlflow_run, read_params, stage_main
-from flows._trajectories import render_samples
 from components.agent.loop import Episode, episode_metrics, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
 from components.config import Params
+from components.envs import get_task
 from components.io import write_json, write_parquet
 from components.model.tiny import is_complete_checkpoint
 from components.rollout import make_engine
-from components.envs import get_task
 from components.schemas import ProblemSchema, validate_table
 from components.stats import problem_results
+from flows import REPO
+from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._trajectories import render_samples
 
 
 def model_dir(name: str):
@@ -61,14 +61,24 @@ def play(params: Params, model: str, rows: list[dict]) -> tuple[list[dict], list
         return Episode(traj_id, str(row["id"]), spec.make_env(row), row)
 
     def run(eps: list[Episode], temperature: float, desc: str) -> list[dict]:
-        return run_episodes(engine, renderer, eps, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len,
-                            max_response_len=r.max_response_len, temperature=temperature, seed=params.seed,
-                            desc=desc)
+        return run_episodes(
+            engine,
+            renderer,
+            eps,
+            max_steps=r.max_steps,
+            max_prompt_len=r.max_prompt_len,
+            max_response_len=r.max_response_len,
+            temperature=temperature,
+            seed=params.seed,
+            desc=desc,
+        )
 
     try:
         greedy = run([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
         sampled = [episode(row, f"{row['id']}#{i}") for row in rows for i in range(ev.samples)]
-        return greedy, (run(sampled, ev.temperature, f"evaluate {model} (T={ev.temperature:g})") if sampled else [])
+        return greedy, (
+            run(sampled, ev.temperature, f"evaluate {model} (T={ev.temperature:g})") if sampled else []
+        )
     finally:
         engine.close()
 
@@ -101,9 +111,12 @@ def evaluate_flow(params: Params, model: str) -> dict[str, float]:
         f"evaluate {model} on {split} ({len(df)} rows): accuracy {metrics['accuracy']:.3f}, "
         f"mean turns {metrics['mean_turns']:.2f}, valid tool calls {metrics['valid_tool_call_rate']:.3f}, "
         f"format errors {metrics['format_error_rate']:.3f}"
-        + (f"; sampled (T={params.evaluate.temperature:g}) mean@{params.evaluate.samples} "
-           f"{metrics['sampled_accuracy']:.3f}, pass@{params.evaluate.samples} {metrics['pass_at_k']:.3f}"
-           if "sampled_accuracy" in metrics else "")
+        + (
+            f"; sampled (T={params.evaluate.temperature:g}) mean@{params.evaluate.samples} "
+            f"{metrics['sampled_accuracy']:.3f}, pass@{params.evaluate.samples} {metrics['pass_at_k']:.3f}"
+            if "sampled_accuracy" in metrics
+            else ""
+        )
     )
     return metrics
 
@@ -111,9 +124,13 @@ def evaluate_flow(params: Params, model: str) -> dict[str, float]:
 def main(params: str, model: str) -> None:
     p = read_params(params)
     if not is_complete_checkpoint(model_dir(model)):
-        raise StageError(f"model {model!r}: {model_dir(model)} is not a complete checkpoint (run its stage first)")
+        raise StageError(
+            f"model {model!r}: {model_dir(model)} is not a complete checkpoint (run its stage first)"
+        )
     evaluate_flow(p, model)
 
 
 if __name__ == "__main__":
-    stage_main(main, ("--model", {"required": True, "help": "sft, or an RL run <algo>-s<seed> (e.g. grpo-s0)"}))
+    stage_main(
+        main, ("--model", {"required": True, "help": "sft, or an RL run <algo>-s<seed> (e.g. grpo-s0)"})
+    )

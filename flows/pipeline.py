@@ -21,13 +21,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from pydantic import Field
 
+from components.config import ConfigError
 from flows import REPO
 from flows._experiments import (
     ExperimentResult,
@@ -44,7 +46,6 @@ from flows._experiments import (
     run_experiment,
 )
 from flows._stage import flatten, tracking_uri
-from components.config import ConfigError
 
 DEPLOYMENT = "steprl"  # served as pipeline/steprl
 
@@ -60,11 +61,15 @@ def plan_run(
     name = check_experiment_name(experiment_name or _default_name())
     if ref_exists(REPO, experiment_ref(rev, name)):
         if experiment_name:
-            raise ConfigError(f"experiment_name {name!r}: an experiment of that name already exists for {rev[:7]}")
+            raise ConfigError(
+                f"experiment_name {name!r}: an experiment of that name already exists for {rev[:7]}"
+            )
         name = f"{name}-{int(time.time()) % 100000}"
     dirty = dirty_files(REPO) if baseline == "workspace" else []
     log = get_run_logger()
-    log.info("experiment %r from %s (%s), overrides: %s", name, baseline, rev[:7], " ".join(overrides) or "none")
+    log.info(
+        "experiment %r from %s (%s), overrides: %s", name, baseline, rev[:7], " ".join(overrides) or "none"
+    )
     if dirty:
         log.warning("baseline 'workspace' includes uncommitted changes to: %s", ", ".join(dirty))
     return {
@@ -85,8 +90,13 @@ def dvc_exp_run(plan: dict[str, Any], env: dict[str, str]) -> ExperimentResult:
     """`dvc exp run` with the plan's overrides; every output line goes to the Prefect log."""
     log = get_run_logger()
     return run_experiment(
-        REPO, plan["overrides"], plan["name"], baseline=plan["baseline"], targets=plan["targets"],
-        env=env, on_line=log.info,
+        REPO,
+        plan["overrides"],
+        plan["name"],
+        baseline=plan["baseline"],
+        targets=plan["targets"],
+        env=env,
+        on_line=log.info,
     )
 
 
@@ -120,7 +130,11 @@ def pipeline(
             workspace are ignored), "workspace" = the workspace as it is (DVC's `--temp` run).
     """
     run_overrides = build_overrides(
-        task=task, algorithms=algorithms, seed=seed, iterations=iterations, model_path=model_path,
+        task=task,
+        algorithms=algorithms,
+        seed=seed,
+        iterations=iterations,
+        model_path=model_path,
         overrides=overrides,
     )
     plan = plan_run(run_overrides, baseline, experiment_name, targets)
@@ -157,8 +171,9 @@ def _artifact_location(uri: str) -> str | None:
 
 @contextlib.contextmanager
 def parent_mlflow_run(plan: dict[str, Any]) -> Iterator[str]:
-    import mlflow
     from prefect.runtime import deployment, flow_run
+
+    import mlflow
 
     mlflow.set_tracking_uri(plan["mlflow_uri"])
     name = plan["mlflow_experiment"]
@@ -180,12 +195,19 @@ def parent_mlflow_run(plan: dict[str, Any]) -> Iterator[str]:
     }
     if plan["dirty"]:
         tags["steprl.uncommitted"] = ", ".join(plan["dirty"])[:5000]
-    with mlflow.start_run(experiment_id=experiment.experiment_id, run_name=f"pipeline {plan['name']}", tags=tags) as run:
+    with mlflow.start_run(
+        experiment_id=experiment.experiment_id, run_name=f"pipeline {plan['name']}", tags=tags
+    ) as run:
         flat = flatten(plan["params"])
-        items = [(k, "null" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in flat.items()]
+        items = [
+            (k, "null" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else v)
+            for k, v in flat.items()
+        ]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per call
             mlflow.log_params(dict(items[i : i + 100]))
-        get_run_logger().info("MLflow: run %s in experiment %r at %s", run.info.run_id, name, plan["mlflow_uri"])
+        get_run_logger().info(
+            "MLflow: run %s in experiment %r at %s", run.info.run_id, name, plan["mlflow_uri"]
+        )
         try:
             yield run.info.run_id
         except BaseException as err:  # the run ends FAILED; keep why next to it
@@ -196,8 +218,8 @@ def parent_mlflow_run(plan: dict[str, Any]) -> Iterator[str]:
 
 def stage_env(plan: dict[str, Any], run_id: str) -> dict[str, str]:
     """Environment of `dvc exp run`: same Prefect server, same MLflow store, stage runs as children."""
-    from prefect.settings import PREFECT_API_URL
     from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_API_URL
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__")}  # runner internals
     api = PREFECT_API_URL.value()
@@ -205,11 +227,13 @@ def stage_env(plan: dict[str, Any], run_id: str) -> dict[str, str]:
         env["PREFECT_API_URL"] = api
     env["PREFECT_HOME"] = os.environ.get("PREFECT_HOME", str(REPO / ".prefect"))
     env["MLFLOW_TRACKING_URI"] = plan["mlflow_uri"]
-    env["MLFLOW_RUN_CONTEXT"] = json.dumps({
-        "mlflow.parentRunId": run_id,
-        "steprl.dvc_exp": plan["name"],
-        "prefect.flow_run_id": str(flow_run.get_id() or ""),
-    })
+    env["MLFLOW_RUN_CONTEXT"] = json.dumps(
+        {
+            "mlflow.parentRunId": run_id,
+            "steprl.dvc_exp": plan["name"],
+            "prefect.flow_run_id": str(flow_run.get_id() or ""),
+        }
+    )
     return env
 
 
@@ -291,10 +315,19 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("targets", nargs="*", help="DVC stages (default: the whole pipeline)")
     srv = sub.add_parser("serve", help="serve the deployment pipeline/<name> (needs PREFECT_API_URL)")
     srv.add_argument("--name", default=DEPLOYMENT)
-    srv.add_argument("--cron", default=None, help='schedule, e.g. "0 3 * * *" (default: none, run from the UI)')
+    srv.add_argument(
+        "--cron", default=None, help='schedule, e.g. "0 3 * * *" (default: none, run from the UI)'
+    )
     srv.add_argument("--interval", type=float, default=None, help="schedule every N seconds")
-    srv.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="default overrides of scheduled runs (editable in the UI)")
+    srv.add_argument(
+        "-S",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="default overrides of scheduled runs (editable in the UI)",
+    )
     srv.add_argument("--limit", type=int, default=1, help="most runs at once (default 1)")
     args = vars(parser.parse_args(argv))
     command = args.pop("command")

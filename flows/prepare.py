@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from flows import REPO
-from flows._stage import StageError, read_params, repo_path, stage_main
 from components.config import Params
 from components.envs import get_task
 from components.io import write_parquet
 from components.schemas import TaskSchema, validate_table
+from flows import REPO
+from flows._stage import StageError, read_params, repo_path, stage_main
 
 
 def make_splits(params: Params) -> dict:
@@ -24,13 +24,19 @@ def make_splits(params: Params) -> dict:
         raise StageError(f"prepare.source_path: {p.source_path!r} does not exist")
     try:
         splits = get_task(params.task).prepare(
-            seed=params.seed, n_train=p.n_train, n_val=p.n_val, n_test=p.n_test,
-            min_calls=p.min_calls, max_calls=p.max_calls, max_operand=p.max_operand,
-            weak_max_calls=p.weak_max_calls, weak_per_question=p.weak_per_question, source_path=source,
+            seed=params.seed,
+            n_train=p.n_train,
+            n_val=p.n_val,
+            n_test=p.n_test,
+            min_calls=p.min_calls,
+            max_calls=p.max_calls,
+            max_operand=p.max_operand,
+            weak_max_calls=p.weak_max_calls,
+            weak_per_question=p.weak_per_question,
+            source_path=source,
         )
         return {
-            name: validate_table(df, TaskSchema, f"{params.task} {name} split")
-            for name, df in splits.items()
+            name: validate_table(df, TaskSchema, f"{params.task} {name} split") for name, df in splits.items()
         }
     except ValueError as err:  # a bad source row or an impossible request, named by the task
         raise StageError(str(err)) from None

@@ -32,9 +32,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from flows import REPO
 
@@ -99,10 +100,14 @@ def resolve_endpoints(
     """Flag, else environment variable (STEPRL_HOST, STEPRL_PREFECT_PORT, STEPRL_MLFLOW_PORT), else default."""
     return Endpoints(
         host=host or env.get("STEPRL_HOST") or DEFAULT_HOST,
-        prefect_port=_port(prefect_port or env.get("STEPRL_PREFECT_PORT") or DEFAULT_PREFECT_PORT,
-                           "--prefect-port / STEPRL_PREFECT_PORT"),
-        mlflow_port=_port(mlflow_port or env.get("STEPRL_MLFLOW_PORT") or DEFAULT_MLFLOW_PORT,
-                          "--mlflow-port / STEPRL_MLFLOW_PORT"),
+        prefect_port=_port(
+            prefect_port or env.get("STEPRL_PREFECT_PORT") or DEFAULT_PREFECT_PORT,
+            "--prefect-port / STEPRL_PREFECT_PORT",
+        ),
+        mlflow_port=_port(
+            mlflow_port or env.get("STEPRL_MLFLOW_PORT") or DEFAULT_MLFLOW_PORT,
+            "--mlflow-port / STEPRL_MLFLOW_PORT",
+        ),
     )
 
 
@@ -172,8 +177,13 @@ class Service:
         out = subprocess.PIPE if self.log is None else open(self.log, "w")
         try:
             self.proc = subprocess.Popen(
-                self.argv, cwd=cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                self.argv,
+                cwd=cwd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         finally:
             if out is not subprocess.PIPE:
@@ -280,7 +290,7 @@ def is_flow_run_process(p) -> bool:
     """Prefect 3.7's runner starts each flow run as a multiprocessing 'spawn' child."""
     try:
         return "multiprocessing.spawn" in " ".join(p.cmdline())
-    except Exception:  # noqa: BLE001 - gone or not ours
+    except Exception:
         return False
 
 
@@ -309,7 +319,11 @@ def service_specs(
     repo: Path = REPO,
 ) -> list[Service]:
     """The three services of `start`, in start order: MLflow server, Prefect server, deployment."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT__", "MLFLOW_TRACKING_"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_API_", "PREFECT__", "MLFLOW_TRACKING_"))
+    }
     base["PATH"] = f"{BIN}{os.pathsep}{base.get('PATH', '')}"
     base["PYTHONPATH"] = str(repo)  # this repo's code, also when another copy is installed editable
     base["PREFECT_HOME"] = str(repo / ".prefect")
@@ -325,21 +339,52 @@ def service_specs(
         deploy += ["--interval", str(interval)]
     for o in overrides:
         deploy += ["-S", o]
-    deploy_env = {**base, "PREFECT_API_URL": ep.prefect_api, "MLFLOW_TRACKING_URI": ep.mlflow_url,
-                  "PYTHONUNBUFFERED": "1"}
+    deploy_env = {
+        **base,
+        "PREFECT_API_URL": ep.prefect_api,
+        "MLFLOW_TRACKING_URI": ep.mlflow_url,
+        "PYTHONUNBUFFERED": "1",
+    }
     return [
-        Service("mlflow", ["sh", str(repo / "mlflow" / "server.sh")], mlflow_env,
-                ready_url=ep.health["mlflow"], log=repo / "mlflow" / "server.log"),
-        Service("prefect", [sys.executable, "-m", "prefect", "server", "start",
-                            "--host", ep.host, "--port", str(ep.prefect_port)], base,
-                ready_url=ep.health["prefect"], log=repo / ".prefect" / "server.log"),
+        Service(
+            "mlflow",
+            ["sh", str(repo / "mlflow" / "server.sh")],
+            mlflow_env,
+            ready_url=ep.health["mlflow"],
+            log=repo / "mlflow" / "server.log",
+        ),
+        Service(
+            "prefect",
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                ep.host,
+                "--port",
+                str(ep.prefect_port),
+            ],
+            base,
+            ready_url=ep.health["prefect"],
+            log=repo / ".prefect" / "server.log",
+        ),
         # Ready once this runner has re-registered the deployment (its record outlives `start`).
         # Stopped in two steps: SIGTERM to its flow runs (each stops its `dvc exp run`, removes its clone
         # and reports Crashed), then SIGINT to the runner alone, which pauses the schedules (its SIGTERM
         # path warns about an un-awaited stop; a group-wide SIGINT left it waiting on a running flow run).
-        Service("deployment", deploy, deploy_env, ready_url=ep.deployment_api(), fresh=True,
-                echo_log=repo / ".prefect" / "deployment.log", stop_signal=signal.SIGINT, signal_leader=True,
-                stop_children_first=is_flow_run_process),
+        Service(
+            "deployment",
+            deploy,
+            deploy_env,
+            ready_url=ep.deployment_api(),
+            fresh=True,
+            echo_log=repo / ".prefect" / "deployment.log",
+            stop_signal=signal.SIGINT,
+            signal_leader=True,
+            stop_children_first=is_flow_run_process,
+        ),
     ]
 
 
@@ -389,10 +434,14 @@ def start(
     t0 = time.monotonic()
     state = read_state(state_path)
     if state and pid_alive(state.get("pid")):
-        raise ServeError(f"already running (pid {state['pid']}): `make status` shows it, "
-                         "`python -m flows.serve stop` stops it")
-    for what, port, flag in (("Prefect", ep.prefect_port, "--prefect-port/STEPRL_PREFECT_PORT"),
-                             ("MLflow", ep.mlflow_port, "--mlflow-port/STEPRL_MLFLOW_PORT")):
+        raise ServeError(
+            f"already running (pid {state['pid']}): `make status` shows it, "
+            "`python -m flows.serve stop` stops it"
+        )
+    for what, port, flag in (
+        ("Prefect", ep.prefect_port, "--prefect-port/STEPRL_PREFECT_PORT"),
+        ("MLflow", ep.mlflow_port, "--mlflow-port/STEPRL_MLFLOW_PORT"),
+    ):
         if not port_free(ep.host, port):
             raise ServeError(f"{what} port {port} on {ep.host} is in use; choose another with {flag}")
     if ep.prefect_port == ep.mlflow_port:
@@ -403,7 +452,9 @@ def start(
         check_overrides(params_at(repo, "head", head_rev(repo)), build_overrides(overrides=overrides))
 
     if services is None:
-        services = service_specs(ep, cron=cron, interval=interval, overrides=overrides, limit=limit, repo=repo)
+        services = service_specs(
+            ep, cron=cron, interval=interval, overrides=overrides, limit=limit, repo=repo
+        )
     stop = threading.Event()
     known: dict[int, object] = {}
 
@@ -414,7 +465,9 @@ def start(
                 if p.pid != os.getpid():
                     known.setdefault(p.pid, p)
 
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = {
+        s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
 
     def wait_ready(group: list[Service]) -> None:
         pending = list(group)
@@ -424,14 +477,18 @@ def start(
             track()
             for s in list(pending):
                 if not s.running:
-                    raise ServeError(f"{s.name} exited with code {s.proc.returncode} while starting"
-                                     + (f"; last lines of {s.log}:\n{s.tail()}" if s.log else ""))
+                    raise ServeError(
+                        f"{s.name} exited with code {s.proc.returncode} while starting"
+                        + (f"; last lines of {s.log}:\n{s.tail()}" if s.log else "")
+                    )
                 if is_ready(s):
                     print(f"{s.name} is up after {time.monotonic() - t0:.1f} s", flush=True)
                     pending.remove(s)
             if time.monotonic() - t0 > timeout:
-                raise ServeError(f"{', '.join(s.name for s in pending)} did not answer within {timeout:.0f} s "
-                                 f"({', '.join(str(s.ready_url) for s in pending)})")
+                raise ServeError(
+                    f"{', '.join(s.name for s in pending)} did not answer within {timeout:.0f} s "
+                    f"({', '.join(str(s.ready_url) for s in pending)})"
+                )
             time.sleep(0.5)
 
     code = 0
@@ -444,19 +501,33 @@ def start(
             wait_ready(services[-1:])
         except _Stop:
             return 0
-        state_path.write_text(json.dumps({
-            "pid": os.getpid(), "host": ep.host, "prefect_port": ep.prefect_port, "mlflow_port": ep.mlflow_port,
-            "prefect_url": ep.prefect_url, "mlflow_url": ep.mlflow_url, "deployment": f"{FLOW}/{DEPLOYMENT}",
-            "children": {s.name: s.proc.pid for s in services if s.proc},
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "startup_seconds": round(time.monotonic() - t0, 1),
-        }, indent=2))
+        state_path.write_text(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": ep.host,
+                    "prefect_port": ep.prefect_port,
+                    "mlflow_port": ep.mlflow_port,
+                    "prefect_url": ep.prefect_url,
+                    "mlflow_url": ep.mlflow_url,
+                    "deployment": f"{FLOW}/{DEPLOYMENT}",
+                    "children": {s.name: s.proc.pid for s in services if s.proc},
+                    "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "startup_seconds": round(time.monotonic() - t0, 1),
+                },
+                indent=2,
+            )
+        )
         print(banner(ep, time.monotonic() - t0), flush=True)
         while not stop.wait(1.0):
             track()
             dead = [s for s in services if not s.running]
             if dead:
-                print(f"{dead[0].name} exited with code {dead[0].proc.returncode}; stopping the others"
-                      + (f"\nlast lines of {dead[0].log}:\n{dead[0].tail()}" if dead[0].log else ""), flush=True)
+                print(
+                    f"{dead[0].name} exited with code {dead[0].proc.returncode}; stopping the others"
+                    + (f"\nlast lines of {dead[0].log}:\n{dead[0].tail()}" if dead[0].log else ""),
+                    flush=True,
+                )
                 code = 1
                 break
         return code
@@ -481,23 +552,25 @@ def is_ready(s: Service, timeout: float = 5.0) -> bool:
 
 
 def _epoch(iso: object) -> float:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     try:
         t = datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
     except ValueError:
         return 0.0
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 def banner(ep: Endpoints, seconds: float) -> str:
-    return "\n".join([
-        f"steprl services are up ({seconds:.1f} s):",
-        f"  Prefect UI   {ep.prefect_url}   deployment {FLOW}/{DEPLOYMENT}: Deployments -> {DEPLOYMENT} -> Run",
-        f"  MLflow UI    {ep.mlflow_url}",
-        f"  your shell:  eval \"$({_python()} -m flows.serve env)\"   so your own dvc runs report here too",
-        "Ctrl-C stops everything.",
-    ])
+    return "\n".join(
+        [
+            f"steprl services are up ({seconds:.1f} s):",
+            f"  Prefect UI   {ep.prefect_url}   deployment {FLOW}/{DEPLOYMENT}: Deployments -> {DEPLOYMENT} -> Run",
+            f"  MLflow UI    {ep.mlflow_url}",
+            f'  your shell:  eval "$({_python()} -m flows.serve env)"   so your own dvc runs report here too',
+            "Ctrl-C stops everything.",
+        ]
+    )
 
 
 def _python() -> str:
@@ -511,8 +584,15 @@ def _schedule_text(dep: dict) -> str:
     out = []
     for item in dep.get("schedules") or []:
         sch = item.get("schedule") or {}
-        what = (f"cron {sch['cron']!r}" if sch.get("cron") else f"every {sch['interval']:g} s"
-                if sch.get("interval") else "rrule" if sch.get("rrule") else "schedule")
+        what = (
+            f"cron {sch['cron']!r}"
+            if sch.get("cron")
+            else f"every {sch['interval']:g} s"
+            if sch.get("interval")
+            else "rrule"
+            if sch.get("rrule")
+            else "schedule"
+        )
         out.append(what + ("" if item.get("active", True) else " (inactive)"))
     return ", ".join(out) or "none (run it from the UI)"
 
@@ -524,16 +604,22 @@ def status(ep: Endpoints, state: dict | None = None, say: Callable[[str], None] 
     else:
         say("`make serve` is not running (start it with `make serve`)")
     prefect_up, mlflow_up = answers(ep.health["prefect"]), answers(ep.health["mlflow"])
-    say(f"  Prefect UI/API  {ep.prefect_url:<28} {'up' if prefect_up else 'not answering'}  ({ep.health['prefect']})")
-    say(f"  MLflow UI       {ep.mlflow_url:<28} {'up' if mlflow_up else 'not answering'}  ({ep.health['mlflow']})")
+    say(
+        f"  Prefect UI/API  {ep.prefect_url:<28} {'up' if prefect_up else 'not answering'}  ({ep.health['prefect']})"
+    )
+    say(
+        f"  MLflow UI       {ep.mlflow_url:<28} {'up' if mlflow_up else 'not answering'}  ({ep.health['mlflow']})"
+    )
     dep_ok = False
     if prefect_up:
         code, dep = get_json(ep.deployment_api())
         if code == 200 and isinstance(dep, dict):
             dep_ok = dep.get("status") == "READY"
             paused = " paused" if dep.get("paused") else ""
-            say(f"  deployment      {FLOW}/{DEPLOYMENT:<19} {dep.get('status', '?')}{paused}; schedule: "
-                f"{_schedule_text(dep)}; {ep.prefect_url}/deployments/deployment/{dep.get('id')}")
+            say(
+                f"  deployment      {FLOW}/{DEPLOYMENT:<19} {dep.get('status', '?')}{paused}; schedule: "
+                f"{_schedule_text(dep)}; {ep.prefect_url}/deployments/deployment/{dep.get('id')}"
+            )
         else:
             say(f"  deployment      {FLOW}/{DEPLOYMENT:<19} not registered")
     else:
@@ -599,7 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     parsers = {
-        "start": sub.add_parser("start", help="start Prefect server + deployment + MLflow server (Ctrl-C stops)"),
+        "start": sub.add_parser(
+            "start", help="start Prefect server + deployment + MLflow server (Ctrl-C stops)"
+        ),
         "status": sub.add_parser("status", help="print URLs and whether each answers"),
         "env": sub.add_parser("env", help="print export lines for PREFECT_API_URL and MLFLOW_TRACKING_URI"),
         "stop": sub.add_parser("stop", help="stop a running `start`"),
@@ -607,17 +695,39 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("start", "status", "env"):
         p = parsers[name]
         p.add_argument("--host", default=None, help=f"bind address (STEPRL_HOST, default {DEFAULT_HOST})")
-        p.add_argument("--prefect-port", type=int, default=None,
-                       help=f"Prefect port (STEPRL_PREFECT_PORT, default {DEFAULT_PREFECT_PORT})")
-        p.add_argument("--mlflow-port", type=int, default=None,
-                       help=f"MLflow port (STEPRL_MLFLOW_PORT, default {DEFAULT_MLFLOW_PORT})")
+        p.add_argument(
+            "--prefect-port",
+            type=int,
+            default=None,
+            help=f"Prefect port (STEPRL_PREFECT_PORT, default {DEFAULT_PREFECT_PORT})",
+        )
+        p.add_argument(
+            "--mlflow-port",
+            type=int,
+            default=None,
+            help=f"MLflow port (STEPRL_MLFLOW_PORT, default {DEFAULT_MLFLOW_PORT})",
+        )
     st = parsers["start"]
-    st.add_argument("--cron", default=os.environ.get("STEPRL_SCHEDULE_CRON") or None,
-                    help='schedule of the deployment, e.g. "0 3 * * *" (STEPRL_SCHEDULE_CRON; default none)')
-    st.add_argument("--interval", type=float, default=os.environ.get("STEPRL_SCHEDULE_INTERVAL") or None,
-                    help="schedule every N seconds (STEPRL_SCHEDULE_INTERVAL; default none)")
-    st.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="default params overrides of the deployment's runs (editable in the UI)")
+    st.add_argument(
+        "--cron",
+        default=os.environ.get("STEPRL_SCHEDULE_CRON") or None,
+        help='schedule of the deployment, e.g. "0 3 * * *" (STEPRL_SCHEDULE_CRON; default none)',
+    )
+    st.add_argument(
+        "--interval",
+        type=float,
+        default=os.environ.get("STEPRL_SCHEDULE_INTERVAL") or None,
+        help="schedule every N seconds (STEPRL_SCHEDULE_INTERVAL; default none)",
+    )
+    st.add_argument(
+        "-S",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="default params overrides of the deployment's runs (editable in the UI)",
+    )
     st.add_argument("--limit", type=int, default=1, help="most pipeline runs at once (default 1)")
     st.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the services to answer")
     args = vars(parser.parse_args(argv))
@@ -627,8 +737,15 @@ def main(argv: list[str] | None = None) -> int:
             check_schedule(args["cron"], args["interval"])
             ep = resolve_endpoints(args["host"], args["prefect_port"], args["mlflow_port"])
             subreaper = _become_subreaper()  # orphans of our children stay ours to stop
-            return start(ep, cron=args["cron"], interval=args["interval"], overrides=args["overrides"],
-                         limit=args["limit"], timeout=args["timeout"], sweep_own_children=subreaper)
+            return start(
+                ep,
+                cron=args["cron"],
+                interval=args["interval"],
+                overrides=args["overrides"],
+                limit=args["limit"],
+                timeout=args["timeout"],
+                sweep_own_children=subreaper,
+            )
         if command == "status":
             return status(_endpoints_for_status(args), read_state())
         if command == "env":

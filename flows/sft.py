@@ -8,37 +8,41 @@ metrics/sft.json and plots/sft_loss.csv for DVC.
 from __future__ import annotations
 
 import random
-from typing import Iterator
+from collections.abc import Iterator
 
 import polars as pl
 import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import REPO
-from flows._stage import StageError, mlflow_run, read_params, stage_main
 from components.config import Params
 from components.envs import get_task
 from components.io import write_json, write_text
-from components.plots import line_chart
 from components.model.sft_data import collate, encode_conversation
 from components.model.tiny import is_complete_checkpoint, load_hf
+from components.plots import line_chart
 from components.train.checkpoint import save_checkpoint
 from components.train.engine import build_engine
 from components.train.sft import run_sft
+from flows import REPO
+from flows._stage import StageError, mlflow_run, read_params, stage_main
 
 BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
 
 
 def encode_examples(params: Params, tokenizer) -> tuple[list, int]:
     spec = get_task(params.task)
-    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "train.parquet").to_dicts()[: params.sft.rows]
+    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "train.parquet").to_dicts()[
+        : params.sft.rows
+    ]
     examples, dropped = [], 0
     for row in rows:
         if not row["expert"]:
             continue
         for demo in spec.demonstrations(row):
-            ex = encode_conversation(tokenizer, spec.initial_messages(row) + demo, spec.tools(), params.sft.max_len)
+            ex = encode_conversation(
+                tokenizer, spec.initial_messages(row) + demo, spec.tools(), params.sft.max_len
+            )
             if ex is None:
                 dropped += 1
             else:
@@ -71,7 +75,9 @@ def train(params: Params) -> list[dict]:
     model, tokenizer = load_hf(BASE, dtype=torch.float32)
     examples, dropped = encode_examples(params, tokenizer)
     s = params.sft
-    print(f"sft: {len(examples)} demonstrations, expert and weaker ({dropped} longer than sft.max_len dropped)")
+    print(
+        f"sft: {len(examples)} demonstrations, expert and weaker ({dropped} longer than sft.max_len dropped)"
+    )
     engine = build_engine(
         model,
         lr=s.lr,
@@ -88,18 +94,24 @@ def train(params: Params) -> list[dict]:
     def on_step(step: int, metrics: dict) -> None:
         mlflow.log_metrics({f"sft/{k}": float(v) for k, v in metrics.items()}, step=step)
 
-    history = run_sft(engine, batches(examples, params, tokenizer.pad_token_id), steps=s.steps, on_step=on_step)
+    history = run_sft(
+        engine, batches(examples, params, tokenizer.pad_token_id), steps=s.steps, on_step=on_step
+    )
     save_checkpoint(engine, OUT, tokenizer=tokenizer, metadata={"stage": "sft", "steps": s.steps})
     return history
 
 
 @flow(name="sft")
 def sft_flow(params: Params) -> dict:
-    with mlflow_run(params, "sft", ["deepspeed", "sft"]) as run:
+    with mlflow_run(params, "sft", ["deepspeed", "sft"]):
         import mlflow
 
         history = train(params)
-        final = {"loss": history[-1]["loss"], "steps": len(history), "skipped_steps": sum(h.get("skipped", 0) for h in history)}
+        final = {
+            "loss": history[-1]["loss"],
+            "steps": len(history),
+            "skipped_steps": sum(h.get("skipped", 0) for h in history),
+        }
         write_json(final, REPO / "metrics" / "sft.json")
         write_text(
             "step,loss\n" + "".join(f"{i},{h['loss']:.6f}\n" for i, h in enumerate(history, start=1)),
@@ -107,7 +119,10 @@ def sft_flow(params: Params) -> dict:
         )
         png = line_chart(
             {"sft loss": (list(range(1, len(history) + 1)), [h["loss"] for h in history])},
-            REPO / "plots" / "sft_loss.png", title="SFT loss (assistant tokens)", xlabel="step", ylabel="loss",
+            REPO / "plots" / "sft_loss.png",
+            title="SFT loss (assistant tokens)",
+            xlabel="step",
+            ylabel="loss",
         )
         mlflow.log_artifacts(str(OUT), artifact_path="checkpoint")
         mlflow.log_artifact(str(png), artifact_path="plots")

@@ -27,10 +27,6 @@ import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import REPO
-from flows._cache import content_key
-from flows._stage import StageError, mlflow_run, read_params, stage_main
-from flows._trajectories import render_samples
 from components.agent.loop import Episode, episode_metrics
 from components.algos import get_advantage_estimator, get_preset
 from components.config import CompareParams, Params
@@ -41,6 +37,10 @@ from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
 from components.train.rl_session import RLSession, SessionConfig, prune
+from flows import REPO
+from flows._cache import content_key
+from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._trajectories import render_samples
 from flows.train_metrics import iteration_metrics
 
 SFT = REPO / "models" / "sft"
@@ -98,12 +98,23 @@ def rollout(algo: str, name: str, k: int, policy: str, train_split: str, params:
     rows = rl_prompts(pl.read_parquet(train_split), params).to_dicts()
     picked = random.Random(params.seed * 100_003 + k).sample(rows, min(n_prompts, len(rows)))
     episodes = [
-        Episode(f"{k}-{row['id']}-{j}", f"{k}-{row['id']}", spec.make_env(row, malformed_penalty=t.malformed_penalty), row)
-        for row in picked for j in range(a.samples_per_prompt)
+        Episode(
+            f"{k}-{row['id']}-{j}",
+            f"{k}-{row['id']}",
+            spec.make_env(row, malformed_penalty=t.malformed_penalty),
+            row,
+        )
+        for row in picked
+        for j in range(a.samples_per_prompt)
     ]
     steps = _SESSION[name].play(
-        episodes, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len,
-        temperature=t.temperature, seed=params.seed * 7919 + k, desc=f"{name} rollout {k}",
+        episodes,
+        max_steps=r.max_steps,
+        max_prompt_len=r.max_prompt_len,
+        max_response_len=r.max_response_len,
+        temperature=t.temperature,
+        seed=params.seed * 7919 + k,
+        desc=f"{name} rollout {k}",
     )
     df = validate_table(pl.DataFrame(steps), StepSchema, f"{name} iteration {k} rollouts")
     return str(write_parquet(df, iter_dir(name, k) / "rollouts.parquet"))
@@ -126,9 +137,18 @@ def advantage(algo: str, name: str, k: int, scored: str, policy: str, params: Pa
     """Old/reference log-probs and critic values, then the estimator: batch.parquet."""
     t, parts = params.train, resolved(params, algo)
     rows = _SESSION[name].annotate(pl.read_parquet(scored).to_dicts(), temperature=t.temperature)
-    rows = compute_advantages(rows, estimator=parts["estimator"], gamma=t.gamma, lam=t.lam,
-                              kl_coef=t.kl_coef, kl_kind=t.kl_kind, kl_in_reward=t.kl_in_reward)
-    return str(write_parquet(pl.DataFrame(rows, infer_schema_length=None), iter_dir(name, k) / "batch.parquet"))
+    rows = compute_advantages(
+        rows,
+        estimator=parts["estimator"],
+        gamma=t.gamma,
+        lam=t.lam,
+        kl_coef=t.kl_coef,
+        kl_kind=t.kl_kind,
+        kl_in_reward=t.kl_in_reward,
+    )
+    return str(
+        write_parquet(pl.DataFrame(rows, infer_schema_length=None), iter_dir(name, k) / "batch.parquet")
+    )
 
 
 @task(cache_key_fn=content_key("batch", "policy"), persist_result=True)
@@ -136,20 +156,33 @@ def update(algo: str, name: str, k: int, batch: str, policy: str, params: Params
     """Actor (and critic) PPO epochs on batch.parquet; saves the iteration's resumable checkpoint."""
     t, a, parts = params.train, params.algorithms[algo], resolved(params, algo)
     rows = pl.read_parquet(batch).to_dicts()
-    common = dict(epochs=t.ppo_epochs, mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
-                  seed=params.seed * 31 + k)
+    common = dict(
+        epochs=t.ppo_epochs,
+        mini_batch_size=t.mini_batch_size,
+        micro_batch_size=t.micro_batch_size,
+        seed=params.seed * 31 + k,
+    )
     metrics = _SESSION[name].update(
         rows,
         train_actor=k >= t.critic_warmup,
-        actor_kw=dict(policy_loss=parts["policy_loss"], loss_agg=parts["loss_agg"], clip_low=a.clip_low,
-                      clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c,
-                      kl_coef=0.0 if t.kl_in_reward else t.kl_coef, kl_kind=t.kl_kind,
-                      entropy_coef=t.entropy_coef, norm_const=float(params.rollout.max_response_len),
-                      temperature=t.temperature, **common),
+        actor_kw=dict(
+            policy_loss=parts["policy_loss"],
+            loss_agg=parts["loss_agg"],
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            clip_ratio_c=a.clip_ratio_c,
+            kl_coef=0.0 if t.kl_in_reward else t.kl_coef,
+            kl_kind=t.kl_kind,
+            entropy_coef=t.entropy_coef,
+            norm_const=float(params.rollout.max_response_len),
+            temperature=t.temperature,
+            **common,
+        ),
         critic_kw=dict(value_clip=t.value_clip, **common),
     )
-    ckpt = _SESSION[name].save(iter_dir(name, k) / "checkpoint",
-                               metadata={"iteration": k, "algo": algo, "rl_seed": params.seed})
+    ckpt = _SESSION[name].save(
+        iter_dir(name, k) / "checkpoint", metadata={"iteration": k, "algo": algo, "rl_seed": params.seed}
+    )
     return {"checkpoint": ckpt, "metrics": metrics}
 
 
@@ -162,11 +195,21 @@ def sync(name: str) -> None:
 def validate(name: str, k: int, params: Params) -> dict:
     spec = get_task(params.task)
     r = params.rollout
-    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "val.parquet").head(params.train.val_samples).to_dicts()
+    rows = (
+        pl.read_parquet(REPO / "data" / "processed" / params.task / "val.parquet")
+        .head(params.train.val_samples)
+        .to_dicts()
+    )
     episodes = [Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row), row) for row in rows]
-    steps = _SESSION[name].play(episodes, max_steps=r.max_steps, max_prompt_len=r.max_prompt_len,
-                                max_response_len=r.max_response_len, temperature=0.0, seed=params.seed,
-                                desc=f"{name} validate {k}")
+    steps = _SESSION[name].play(
+        episodes,
+        max_steps=r.max_steps,
+        max_prompt_len=r.max_prompt_len,
+        max_response_len=r.max_response_len,
+        temperature=0.0,
+        seed=params.seed,
+        desc=f"{name} validate {k}",
+    )
     return {f"val/{key}": v for key, v in episode_metrics(steps).items() if key != "n_episodes"}
 
 
@@ -174,11 +217,22 @@ def validate(name: str, k: int, params: Params) -> dict:
 def _open_session(params: Params, algo: str) -> RLSession:
     parts, t, r, ds = resolved(params, algo), params.train, params.rollout, params.deepspeed
     cfg = SessionConfig(
-        critic=parts["critic"], use_ref=t.kl_coef > 0, actor_lr=params.algorithms[algo].lr, critic_lr=t.critic_lr,
-        zero_stage=ds.zero_stage, dtype=ds.dtype, grad_clip=t.grad_clip, warmup_steps=t.lr_warmup_steps,
-        adam_eps=t.adam_eps, micro_batch_size=t.micro_batch_size,
-        rollout_engine=r.engine, rollout_dtype=r.dtype, max_model_len=r.max_prompt_len + r.max_response_len,
-        kv_cache_gib=r.kv_cache_gib, seed=params.seed, old_logprobs=t.old_logprobs,
+        critic=parts["critic"],
+        use_ref=t.kl_coef > 0,
+        actor_lr=params.algorithms[algo].lr,
+        critic_lr=t.critic_lr,
+        zero_stage=ds.zero_stage,
+        dtype=ds.dtype,
+        grad_clip=t.grad_clip,
+        warmup_steps=t.lr_warmup_steps,
+        adam_eps=t.adam_eps,
+        micro_batch_size=t.micro_batch_size,
+        rollout_engine=r.engine,
+        rollout_dtype=r.dtype,
+        max_model_len=r.max_prompt_len + r.max_response_len,
+        kv_cache_gib=r.kv_cache_gib,
+        seed=params.seed,
+        old_logprobs=t.old_logprobs,
     )
     return RLSession(SFT, cfg, get_task(params.task).tools())
 
@@ -224,7 +278,9 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
     start = time.perf_counter()
     tags = {"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)}
     try:
-        with mlflow_run(params, name, ["train", f"algorithms.{algo}", "rollout"], run_id=run_id, tags=tags) as active:
+        with mlflow_run(
+            params, name, ["train", f"algorithms.{algo}", "rollout"], run_id=run_id, tags=tags
+        ) as active:
             write_json({"run_id": active.info.run_id}, run_file)
             history_of = mlflow.tracking.MlflowClient().get_metric_history
             logged = {m.step for m in history_of(active.info.run_id, "timing_s/iteration")}
@@ -300,9 +356,11 @@ def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
     write_json({"iteration": k}, d / "done.json")
     finished = sorted(p for p in run_dir(name).glob("iter_*") if (p / "done.json").is_file())
     prune(finished, KEEP_CHECKPOINTS, lambda p: p / "checkpoint")
-    print(f"{name} iteration {k}: score {metrics['critic/score/mean']:.3f}"
-          + (f", val accuracy {metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "")
-          + f", {timing['iteration']:.1f}s")
+    print(
+        f"{name} iteration {k}: score {metrics['critic/score/mean']:.3f}"
+        + (f", val accuracy {metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "")
+        + f", {timing['iteration']:.1f}s"
+    )
     return metrics
 
 
@@ -310,8 +368,12 @@ def _finish(params: Params, algo: str, name: str, history: list[dict], wall: flo
     session = _SESSION[name]
     val = [h for h in history if "val/accuracy" in h]  # from iteration -1 (the SFT policy) on
     history = [h for h in history if h["iteration"] >= 0]
-    save_hf(session.actor.module, session.tokenizer, REPO / "models" / name / "final",
-            metadata={"algo": algo, "rl_seed": params.seed, "iterations": len(history)})
+    save_hf(
+        session.actor.module,
+        session.tokenizer,
+        REPO / "models" / name / "final",
+        metadata={"algo": algo, "rl_seed": params.seed, "iterations": len(history)},
+    )
     summary = {
         "algo": algo,
         "rl_seed": params.seed,
@@ -324,13 +386,21 @@ def _finish(params: Params, algo: str, name: str, history: list[dict], wall: flo
     }
     write_json(summary, REPO / "metrics" / f"train_{name}.json")
     rows = [h for h in val if h["iteration"] < 0] + history
-    write_text("iteration,val_accuracy,score_mean\n" + "".join(
-        f"{h['iteration']},{h.get('val/accuracy', '')},{h.get('critic/score/mean', '')}\n" for h in rows),
-        REPO / "plots" / f"train_{name}.csv")
+    write_text(
+        "iteration,val_accuracy,score_mean\n"
+        + "".join(
+            f"{h['iteration']},{h.get('val/accuracy', '')},{h.get('critic/score/mean', '')}\n" for h in rows
+        ),
+        REPO / "plots" / f"train_{name}.csv",
+    )
     line_chart(
-        {"val accuracy": ([h["iteration"] for h in val], [h["val/accuracy"] for h in val]),
-         "train score": ([h["iteration"] for h in history], [h["critic/score/mean"] for h in history])},
-        REPO / "plots" / f"train_{name}.png", title=f"{name} on {params.task}", xlabel="iteration",
+        {
+            "val accuracy": ([h["iteration"] for h in val], [h["val/accuracy"] for h in val]),
+            "train score": ([h["iteration"] for h in history], [h["critic/score/mean"] for h in history]),
+        },
+        REPO / "plots" / f"train_{name}.png",
+        title=f"{name} on {params.task}",
+        xlabel="iteration",
         ylabel="accuracy / score",
     )
     return summary
@@ -344,14 +414,23 @@ def main(params: str, algo: str, rl_seed: int) -> None:
         raise StageError(f"--rl-seed {rl_seed}: an RL seed must be >= 0 (compare.seeds: {p.compare.seeds})")
     if not is_complete_checkpoint(SFT):
         raise StageError(f"train: {SFT} is not a complete checkpoint (run the sft stage first)")
-    train_rows = pl.scan_parquet(REPO / "data" / "processed" / p.task / "train.parquet").select(pl.len()).collect().item()
+    train_rows = (
+        pl.scan_parquet(REPO / "data" / "processed" / p.task / "train.parquet")
+        .select(pl.len())
+        .collect()
+        .item()
+    )
     if p.sft.rows is not None and p.sft.rows >= train_rows:
-        raise StageError(f"sft.rows={p.sft.rows} leaves no RL prompts: the train split has {train_rows} rows "
-                         "(lower sft.rows, or give the train split more rows)")
+        raise StageError(
+            f"sft.rows={p.sft.rows} leaves no RL prompts: the train split has {train_rows} rows "
+            "(lower sft.rows, or give the train split more rows)"
+        )
     parts = resolved(p, algo)
     if get_advantage_estimator(parts["estimator"]).needs_groups and p.algorithms[algo].samples_per_prompt < 2:
-        raise StageError(f"algorithms.{algo}.samples_per_prompt=1 but estimator {parts['estimator']} "
-                         "needs samples_per_prompt >= 2 (its baseline is the other samples of the prompt)")
+        raise StageError(
+            f"algorithms.{algo}.samples_per_prompt=1 but estimator {parts['estimator']} "
+            "needs samples_per_prompt >= 2 (its baseline is the other samples of the prompt)"
+        )
     train_flow(p, algo, rl_seed)
 
 
@@ -359,6 +438,13 @@ if __name__ == "__main__":
     stage_main(
         main,
         ("--algo", {"required": True, "help": "a key of params.yaml: algorithms"}),
-        ("--rl-seed", {"required": True, "type": int, "dest": "rl_seed",
-                       "help": "RL seed (e.g. one of compare.seeds); replaces `seed` for everything RL draws"}),
+        (
+            "--rl-seed",
+            {
+                "required": True,
+                "type": int,
+                "dest": "rl_seed",
+                "help": "RL seed (e.g. one of compare.seeds); replaces `seed` for everything RL draws",
+            },
+        ),
     )

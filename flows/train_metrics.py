@@ -23,9 +23,13 @@ def _explained_var(returns: list[float], values: list[float]) -> float:
 def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str, float]:
     """Metrics of one iteration from its batch table (before the update) and the update's metrics."""
     traj = batch.group_by("traj_id").agg(
-        pl.col("reward").sum().alias("ret"), pl.col("correct").any().alias("ok"), pl.len().alias("steps"),
+        pl.col("reward").sum().alias("ret"),
+        pl.col("correct").any().alias("ok"),
+        pl.len().alias("steps"),
         pl.col("truncated").any().alias("trunc"),
-        ((pl.col("done") & ~pl.col("truncated")).any() & (pl.col("n_calls").sum() == 0)).alias("no_tool_answer"),
+        ((pl.col("done") & ~pl.col("truncated")).any() & (pl.col("n_calls").sum() == 0)).alias(
+            "no_tool_answer"
+        ),
     )
     adv = batch["advantages"].explode().drop_nulls()
     ret = batch["returns"].explode().drop_nulls()
@@ -57,8 +61,12 @@ def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str
     if "values" in batch.columns and batch["values"].null_count() < batch.height:
         vals = batch["values"].explode().drop_nulls()
         m["critic/values/mean"] = vals.mean()
-        pairs = [(r, v) for rs, vs in zip(batch["returns"].to_list(), batch["values"].to_list()) if vs
-                 for r, v in zip(rs, vs)]
+        pairs = [
+            (r, v)
+            for rs, vs in zip(batch["returns"].to_list(), batch["values"].to_list())
+            if vs
+            for r, v in zip(rs, vs)
+        ]
         m["critic/vf_explained_var"] = _explained_var([p[0] for p in pairs], [p[1] for p in pairs])
     m.update(update)
     return {k: float(v) for k, v in m.items() if v is not None}

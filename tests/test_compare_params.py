@@ -16,7 +16,8 @@ def test_params_yaml_has_two_rl_seeds_and_six_named_runs():
     p = load_params(PARAMS)
     assert p.compare.seeds == yaml.safe_load(PARAMS.read_text())["compare"]["seeds"] == [0, 1]
     assert [name for _, _, name in p.compare.runs()] == [
-        f"{a}-s{s}" for a in p.compare.algorithms for s in p.compare.seeds]
+        f"{a}-s{s}" for a in p.compare.algorithms for s in p.compare.seeds
+    ]
     assert CompareParams.run_name("grpo", 1) == "grpo-s1"
     assert CompareParams().seeds == [0, 1]  # the default when the key is left out
 

@@ -38,18 +38,24 @@ def _ran_in_fresh_process(request) -> bool:
         return False
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
-        cwd=REPO, env={**os.environ, "STEPRL_FRESH_PROCESS": "1"}, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env={**os.environ, "STEPRL_FRESH_PROCESS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
     return True
-
 
 
 @pytest.fixture
 def restore_torch_state():
     """make_deterministic changes process-wide settings: put them back for the other tests."""
     threads = torch.get_num_threads()
-    det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    det, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     yield
     torch.set_num_threads(threads)
@@ -60,7 +66,12 @@ def restore_torch_state():
 
 
 def _draws() -> tuple:
-    return random.random(), float(np.random.rand()), torch.rand(4).tolist(), torch.randint(0, 10**9, (2,)).tolist()
+    return (
+        random.random(),
+        float(np.random.rand()),
+        torch.rand(4).tolist(),
+        torch.randint(0, 10**9, (2,)).tolist(),
+    )
 
 
 def test_every_global_rng_is_seeded(restore_torch_state) -> None:
@@ -105,8 +116,10 @@ def test_default_threads(monkeypatch) -> None:
         assert default_threads() == max(1, min(MAX_DEFAULT_THREADS, available))
 
 
-@pytest.mark.parametrize("kw", [{"seed": -1}, {"seed": 1.5}, {"seed": True}, {"seed": 0, "threads": 0},
-                                {"seed": 0, "threads": 2.0}])
+@pytest.mark.parametrize(
+    "kw",
+    [{"seed": -1}, {"seed": 1.5}, {"seed": True}, {"seed": 0, "threads": 0}, {"seed": 0, "threads": 2.0}],
+)
 def test_bad_arguments_are_named(kw) -> None:
     name = "threads" if "threads" in kw else "seed"
     with pytest.raises(ValueError, match=name):
@@ -147,17 +160,23 @@ for seed in map(int, sys.argv[3:]):
 
 
 def _start(tmp: Path, name: str, seeds: list[int]) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
     return subprocess.Popen(
         [sys.executable, "-c", _SFT_SCRIPT, str(REPO), str(tmp / name), *map(str, seeds)],
-        cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
 def _results(proc: subprocess.Popen) -> dict[int, dict]:
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
-    found = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
+    found = [json.loads(line[len("RESULT ") :]) for line in out.splitlines() if line.startswith("RESULT ")]
     return {r["seed"]: r for r in found}
 
 

@@ -51,7 +51,9 @@ def test_coercion_of_narrow_dtypes_and_all_null_expert():
         pl.col("step").cast(pl.Int32),
     )
     out = validate_table(df, StepSchema, "s")
-    assert out.schema["prompt_ids"] == pl.List(pl.Int64) and out.schema["response_logprobs"] == pl.List(pl.Float64)
+    assert out.schema["prompt_ids"] == pl.List(pl.Int64) and out.schema["response_logprobs"] == pl.List(
+        pl.Float64
+    )
     out = validate_table(task_df(expert=[None, None, None]), TaskSchema, "t")
     assert out.schema["expert"] == pl.String
 
@@ -59,9 +61,18 @@ def test_coercion_of_narrow_dtypes_and_all_null_expert():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"split": ["train", "tst", "test"]}, "tasks.parquet row 2: column 'split' failed isin(['train', 'val', 'test']) (value: 'tst')"),
-        ({"question": ["q", "q", ""]}, "tasks.parquet row 3: column 'question' failed str_length(1, None) (value: '')"),
-        ({"question": ["q", None, "q"]}, "tasks.parquet row 2: column 'question' failed not_nullable (value: null)"),
+        (
+            {"split": ["train", "tst", "test"]},
+            "tasks.parquet row 2: column 'split' failed isin(['train', 'val', 'test']) (value: 'tst')",
+        ),
+        (
+            {"question": ["q", "q", ""]},
+            "tasks.parquet row 3: column 'question' failed str_length(1, None) (value: '')",
+        ),
+        (
+            {"question": ["q", None, "q"]},
+            "tasks.parquet row 2: column 'question' failed not_nullable (value: null)",
+        ),
         ({"id": ["a", "b", "a"]}, "tasks.parquet row 1: column 'id' failed field_uniqueness (value: 'a')"),
         ({"answer": [None, "4", "6"]}, "tasks.parquet row 1: column 'answer' failed not_nullable"),
     ],
@@ -94,14 +105,26 @@ def test_missing_column():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"step": [0, -1, 0]}, "rollouts.parquet row 2: column 'step' failed greater_than_or_equal_to(0) (value: '-1')"),
-        ({"response_logprobs": [[-0.5], [-2.0], []]}, "rollouts.parquet row 1: column 'response_logprobs' failed len(response_logprobs) == len(response_ids)"),
-        ({"response_logprobs": [[-0.5, -0.1], [-2.0], [-1.0]]}, "rollouts.parquet row 3: column 'response_logprobs' failed len(response_logprobs) == len(response_ids)"),
+        (
+            {"step": [0, -1, 0]},
+            "rollouts.parquet row 2: column 'step' failed greater_than_or_equal_to(0) (value: '-1')",
+        ),
+        (
+            {"response_logprobs": [[-0.5], [-2.0], []]},
+            "rollouts.parquet row 1: column 'response_logprobs' failed len(response_logprobs) == len(response_ids)",
+        ),
+        (
+            {"response_logprobs": [[-0.5, -0.1], [-2.0], [-1.0]]},
+            "rollouts.parquet row 3: column 'response_logprobs' failed len(response_logprobs) == len(response_ids)",
+        ),
         ({"reward": [0.0, float("inf"), 0.0]}, "rollouts.parquet row 2: column 'reward' failed finite"),
         ({"reward": [0.0, 1.0, float("nan")]}, "rollouts.parquet row 3: column 'reward'"),
         ({"prompt_ids": [[1], None, [2]]}, "rollouts.parquet row 2: column 'prompt_ids' failed not_nullable"),
         ({"done": [True, None, False]}, "rollouts.parquet row 2: column 'done' failed not_nullable"),
-        ({"response_ids": [["a", "b"], ["c"], []]}, "rollouts.parquet: column 'response_ids' has dtype List(String)"),
+        (
+            {"response_ids": [["a", "b"], ["c"], []]},
+            "rollouts.parquet: column 'response_ids' has dtype List(String)",
+        ),
         ({"step": ["0", "one", "2"]}, "rollouts.parquet: column 'step' has dtype String"),
     ],
 )
@@ -120,7 +143,12 @@ def test_step_schema_missing_columns():
 
 
 def problem_df(**overrides) -> pl.DataFrame:
-    data = {"id": ["a", "b", "c"], "correct": [1, 0, 1], "sampled_correct": [0.5, 0.0, 1.0], "n_sampled": [2, 2, 2]}
+    data = {
+        "id": ["a", "b", "c"],
+        "correct": [1, 0, 1],
+        "sampled_correct": [0.5, 0.0, 1.0],
+        "n_sampled": [2, 2, 2],
+    }
     data.update(overrides)
     return pl.DataFrame(data)
 
@@ -134,11 +162,26 @@ def test_problem_schema_accepts_results_with_and_without_samples():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"correct": [1, 2, 0]}, "problems_grpo-s0.parquet row 2: column 'correct' failed isin([0, 1]) (value: '2')"),
-        ({"id": ["a", "b", "a"]}, "problems_grpo-s0.parquet row 1: column 'id' failed field_uniqueness (value: 'a')"),
-        ({"sampled_correct": [0.5, 1.5, 0.0]}, "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed less_than_or_equal_to(1) (value: '1.5')"),
-        ({"sampled_correct": [0.5, None, 0.0]}, "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed null exactly when n_sampled == 0 (value: null)"),
-        ({"n_sampled": [2, 0, 2]}, "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed null exactly when n_sampled == 0 (value: '0.0')"),
+        (
+            {"correct": [1, 2, 0]},
+            "problems_grpo-s0.parquet row 2: column 'correct' failed isin([0, 1]) (value: '2')",
+        ),
+        (
+            {"id": ["a", "b", "a"]},
+            "problems_grpo-s0.parquet row 1: column 'id' failed field_uniqueness (value: 'a')",
+        ),
+        (
+            {"sampled_correct": [0.5, 1.5, 0.0]},
+            "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed less_than_or_equal_to(1) (value: '1.5')",
+        ),
+        (
+            {"sampled_correct": [0.5, None, 0.0]},
+            "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed null exactly when n_sampled == 0 (value: null)",
+        ),
+        (
+            {"n_sampled": [2, 0, 2]},
+            "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed null exactly when n_sampled == 0 (value: '0.0')",
+        ),
     ],
 )
 def test_problem_schema_rejects_bad_rows(overrides, message):

@@ -15,7 +15,6 @@ from components.stats import (
     score_matrix,
 )
 
-
 # --- bootstrap intervals ----------------------------------------------------------------------------
 
 
@@ -91,8 +90,10 @@ def test_same_seed_same_interval_and_sign_symmetry():
         (lambda: mean_interval(np.zeros((0, 5)), what="grpo"), ["grpo", "0 seed"]),
         (lambda: mean_interval([[0.0, np.nan, 1.0]], what="ppo"), ["ppo", "finite", "problem 1", "nan"]),
         (lambda: mean_interval([["a", "b"]], what="ppo"), ["ppo", "numbers"]),
-        (lambda: difference_interval(np.zeros((2, 5)), np.zeros(4), what=("grpo", "sft")),
-         ["grpo has 5 problems", "sft has 4"]),
+        (
+            lambda: difference_interval(np.zeros((2, 5)), np.zeros(4), what=("grpo", "sft")),
+            ["grpo has 5 problems", "sft has 4"],
+        ),
         (lambda: mean_interval(np.zeros(5), confidence=95), ["confidence", "95"]),
     ],
 )
@@ -118,9 +119,18 @@ def step(traj, group, correct):
 
 
 def test_problem_results_greedy_and_sampled():
-    greedy = [step("a", "a", False), step("a", "a", True), step("b", "b", False)]  # a: correct at its 2nd step
-    sampled = [step("a#0", "a", True), step("a#1", "a", False), step("a#1", "a", False),
-               step("b#0", "b", False), step("b#1", "b", False)]
+    greedy = [
+        step("a", "a", False),
+        step("a", "a", True),
+        step("b", "b", False),
+    ]  # a: correct at its 2nd step
+    sampled = [
+        step("a#0", "a", True),
+        step("a#1", "a", False),
+        step("a#1", "a", False),
+        step("b#0", "b", False),
+        step("b#1", "b", False),
+    ]
     df = problem_results(["b", "a"], greedy, sampled)
     assert df.to_dicts() == [
         {"id": "b", "correct": 0, "sampled_correct": 0.0, "n_sampled": 2},
@@ -152,9 +162,14 @@ def test_score_matrix_aligns_rows_to_the_reference_order():
 def test_score_matrix_errors_name_the_table():
     ok = pl.DataFrame({"id": ["x", "y"], "correct": [1, 0], "sampled_correct": [0.5, None]})
     with pytest.raises(ValueError, match=r"problems_grpo-s1.parquet: .*missing \['y'\], extra \['w'\]"):
-        score_matrix({"ok": ok, "problems_grpo-s1.parquet": ok.with_columns(id=pl.Series(["x", "w"]))},
-                     "correct", ["x", "y"])
-    with pytest.raises(ValueError, match=r"t: column 'sampled_correct' is null for 1 problem\(s\), e.g. \['y'\]"):
+        score_matrix(
+            {"ok": ok, "problems_grpo-s1.parquet": ok.with_columns(id=pl.Series(["x", "w"]))},
+            "correct",
+            ["x", "y"],
+        )
+    with pytest.raises(
+        ValueError, match=r"t: column 'sampled_correct' is null for 1 problem\(s\), e.g. \['y'\]"
+    ):
         score_matrix({"t": ok}, "sampled_correct", ["x", "y"])
     with pytest.raises(ValueError, match=r"t: no column 'nope'"):
         score_matrix({"t": ok}, "nope", ["x", "y"])
@@ -165,7 +180,16 @@ def test_score_matrix_errors_name_the_table():
 
 def test_curve_band_mean_min_max_where_every_run_has_a_value():
     s0 = pl.DataFrame({"iteration": [-1, 0, 1, 2], "val_accuracy": [0.5, None, 0.6, 0.7]})
-    s1 = pl.DataFrame({"iteration": [-1, 0, 1], "val_accuracy": [0.5, 0.4, 0.8, ]})
+    s1 = pl.DataFrame(
+        {
+            "iteration": [-1, 0, 1],
+            "val_accuracy": [
+                0.5,
+                0.4,
+                0.8,
+            ],
+        }
+    )
     band = curve_band({"s0": s0, "s1": s1}, "iteration", "val_accuracy")
     assert band["iteration"].to_list() == [-1, 1]
     assert np.allclose(band["mean"].to_list(), [0.5, 0.7])

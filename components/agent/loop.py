@@ -12,8 +12,9 @@ when its context would exceed ``max_prompt_len`` (the last recorded step is mark
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -80,9 +81,20 @@ def run_episodes(
     return [s for ep in episodes for s in ep.steps]
 
 
-def _record(ep: Episode, turn: int, prompt: list[int], ids: list[int], logprobs: list[float], *,
-            reward: float, done: bool, truncated: bool, action: str, feedback: str,
-            info: Mapping[str, Any]) -> None:
+def _record(
+    ep: Episode,
+    turn: int,
+    prompt: list[int],
+    ids: list[int],
+    logprobs: list[float],
+    *,
+    reward: float,
+    done: bool,
+    truncated: bool,
+    action: str,
+    feedback: str,
+    info: Mapping[str, Any],
+) -> None:
     ep.steps.append(
         {
             "traj_id": ep.traj_id,
@@ -108,16 +120,36 @@ def _advance(ep: Episode, gen, renderer: ChatRenderer, turn: int, last_turn: boo
     action = renderer.decode(gen.token_ids)
     if gen.finish_reason != "stop":
         ep.done = True
-        _record(ep, turn, ep.context, gen.token_ids, gen.logprobs, reward=0.0, done=True,
-                truncated=True, action=action,
-                feedback=f"[response cut at {len(gen.token_ids)} tokens]",
-                info={"format_error": True})
+        _record(
+            ep,
+            turn,
+            ep.context,
+            gen.token_ids,
+            gen.logprobs,
+            reward=0.0,
+            done=True,
+            truncated=True,
+            action=action,
+            feedback=f"[response cut at {len(gen.token_ids)} tokens]",
+            info={"format_error": True},
+        )
         return
     out = ep.env.step(action)
     feedback = "\n".join(str(m.get("content", "")) for m in out.messages)
     ep.done = bool(out.done) or last_turn
-    _record(ep, turn, ep.context, gen.token_ids, gen.logprobs, reward=out.reward, done=ep.done,
-            truncated=ep.done and not out.done, action=action, feedback=feedback, info=out.info)
+    _record(
+        ep,
+        turn,
+        ep.context,
+        gen.token_ids,
+        gen.logprobs,
+        reward=out.reward,
+        done=ep.done,
+        truncated=ep.done and not out.done,
+        action=action,
+        feedback=feedback,
+        info=out.info,
+    )
     if not ep.done:
         ep.context = ep.context + list(gen.token_ids) + renderer.observation(out.messages)
 
@@ -128,8 +160,19 @@ def _end_overlong(ep: Episode, turn: int) -> None:
         ep.steps[-1]["done"] = True
         ep.steps[-1]["truncated"] = True
     else:
-        _record(ep, turn, ep.context, [], [], reward=0.0, done=True, truncated=True, action="",
-                feedback="[prompt longer than max_prompt_len]", info={})
+        _record(
+            ep,
+            turn,
+            ep.context,
+            [],
+            [],
+            reward=0.0,
+            done=True,
+            truncated=True,
+            action="",
+            feedback="[prompt longer than max_prompt_len]",
+            info={},
+        )
 
 
 def episode_correctness(steps: Sequence[Mapping]) -> dict[str, dict[str, bool]]:
@@ -191,7 +234,8 @@ def episode_metrics(steps: list[dict]) -> dict[str, float]:
         "tool_calls_per_episode": calls / n_traj,
         "answer_without_tool_rate": sum(
             _answered(t) and not any(s["n_calls"] for s in t) for t in by_traj.values()
-        ) / n_traj,
+        )
+        / n_traj,
         "valid_tool_call_rate": (sum(s["n_valid_calls"] for s in steps) / calls) if calls else 0.0,
         "format_error_rate": sum(s["format_error"] for s in steps) / max(len(steps), 1),
         "truncated_rate": sum(any(s["truncated"] for s in t) for t in by_traj.values()) / n_traj,

@@ -25,8 +25,9 @@ Departures from the papers / ALGORITHMS.md:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor

@@ -13,7 +13,7 @@ Departures from ALGORITHMS.md:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

@@ -19,7 +19,7 @@ Departures from the papers / ALGORITHMS.md:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

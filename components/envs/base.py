@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 from components.envs.parsing import CallError, parse_tool_calls, short, tool_validators
 
-__all__ = ["ToolResult", "BaseTool", "StepOutcome", "AgentEnv", "ToolEnv", "run_tool"]
+__all__ = ["AgentEnv", "BaseTool", "StepOutcome", "ToolEnv", "ToolResult", "run_tool"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def run_tool(tool: BaseTool, args: dict[str, Any], *, timeout_s: float, max_outp
     def target() -> None:
         try:
             box["result"] = tool.execute(args)
-        except BaseException as err:  # noqa: BLE001 - everything a tool raises is feedback
+        except BaseException as err:
             box["error"] = err
 
     worker = threading.Thread(target=target, name=f"tool-{tool.name}", daemon=True)
@@ -104,7 +105,9 @@ def run_tool(tool: BaseTool, args: dict[str, Any], *, timeout_s: float, max_outp
     if isinstance(result, str):
         result = ToolResult(result)
     if not isinstance(result, ToolResult):
-        return ToolResult(f"error: {tool.name} returned {type(result).__name__}, not a ToolResult", is_error=True)
+        return ToolResult(
+            f"error: {tool.name} returned {type(result).__name__}, not a ToolResult", is_error=True
+        )
     text = _clean(str(result.text))
     if len(text) > max_output_chars:
         text = text[:max_output_chars] + f"... [output cut: {len(text) - max_output_chars} more chars]"
@@ -220,13 +223,17 @@ class ToolEnv(AgentEnv):
         answer = self.answer_fn(text)
         try:
             reward = float(self.reward_fn(text, self._truth))
-        except Exception as err:  # noqa: BLE001 - a reward bug must not kill a rollout; it is reported
+        except Exception as err:
             reward, info["reward_error"] = 0.0, f"{type(err).__name__}: {short(err)}"
         if not math.isfinite(reward):
             reward, info["reward_error"] = 0.0, f"non-finite reward {reward!r}"
         info.update(
-            n_calls=0, n_valid_calls=0, n_tool_errors=0, format_error=answer is None,
-            correct=reward >= 1.0, answer=answer,
+            n_calls=0,
+            n_valid_calls=0,
+            n_tool_errors=0,
+            format_error=answer is None,
+            correct=reward >= 1.0,
+            answer=answer,
         )
         return StepOutcome(messages=[], reward=reward, done=True, info=info)
 

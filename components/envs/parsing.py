@@ -17,23 +17,24 @@ Departures from the hermes format as served by vLLM's hermes parser:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 __all__ = [
-    "OPEN_TAG",
     "CLOSE_TAG",
-    "ToolCall",
+    "OPEN_TAG",
     "CallError",
     "ParsedAction",
-    "parse_tool_calls",
+    "ToolCall",
     "format_tool_call",
-    "tool_validators",
+    "parse_tool_calls",
     "short",
+    "tool_validators",
 ]
 
 OPEN_TAG = "<tool_call>"
@@ -110,7 +111,7 @@ def tool_validators(tools: Sequence[dict]) -> dict[str, Draft202012Validator]:
 def _parse_body(body: str, validators: dict[str, Draft202012Validator] | None) -> ToolCall | CallError:
     body = body.strip()
     if not body:
-        return CallError("empty <tool_call>; write {\"name\": ..., \"arguments\": {...}} inside it")
+        return CallError('empty <tool_call>; write {"name": ..., "arguments": {...}} inside it')
     try:
         obj = json.loads(body)
     except RecursionError:
@@ -184,7 +185,9 @@ def parse_tool_calls(
         if start < 0:
             break
         if len(calls) == max_calls:
-            calls.append(CallError(f"too many tool calls in one turn (at most {max_calls}); the rest were ignored"))
+            calls.append(
+                CallError(f"too many tool calls in one turn (at most {max_calls}); the rest were ignored")
+            )
             break
         body_start = start + len(OPEN_TAG)
         end = head.find(CLOSE_TAG, body_start)

@@ -13,20 +13,21 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 __all__ = [
-    "Registry",
-    "UnknownNameError",
-    "TOOLS",
     "ENVS",
     "TASKS",
-    "register_tool",
-    "register_env",
-    "register_task",
-    "get_tool",
+    "TOOLS",
+    "Registry",
+    "UnknownNameError",
     "get_env",
     "get_task",
+    "get_tool",
+    "register_env",
+    "register_task",
+    "register_tool",
 ]
 
 T = TypeVar("T")

@@ -21,7 +21,8 @@ What it does not do: pack several conversations into one row, or truncate (too l
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -182,8 +182,10 @@ def load_hf(
         raise CheckpointError(f"cannot load checkpoint {p}: {reason}")
     try:
         config = AutoConfig.from_pretrained(p)
-    except Exception as err:  # noqa: BLE001 - re-raised with the directory named
-        raise CheckpointError(f"cannot load checkpoint {p}: config.json is not a model config ({err})") from err
+    except Exception as err:
+        raise CheckpointError(
+            f"cannot load checkpoint {p}: config.json is not a model config ({err})"
+        ) from err
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
@@ -192,10 +194,12 @@ def load_hf(
         )
     # transformers 5 silently builds an empty tokenizer when the files are missing: look first.
     if not any((p / name).is_file() for name in _TOKENIZER_FILES):
-        raise CheckpointError(f"cannot load checkpoint {p}: no usable tokenizer (none of {list(_TOKENIZER_FILES)})")
+        raise CheckpointError(
+            f"cannot load checkpoint {p}: no usable tokenizer (none of {list(_TOKENIZER_FILES)})"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(p)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         raise CheckpointError(f"cannot load checkpoint {p}: no usable tokenizer ({err})") from err
     vocab = getattr(config, "vocab_size", None) or getattr(config.get_text_config(), "vocab_size", None)
     if vocab is not None and len(tokenizer) > vocab:
@@ -204,6 +208,6 @@ def load_hf(
         )
     try:
         model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         raise CheckpointError(f"cannot load checkpoint {p}: model weights failed to load ({err})") from err
     return model, tokenizer

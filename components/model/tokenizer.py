@@ -23,7 +23,7 @@ Departures from Qwen2.5's template (numbered, as the project asks):
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -31,9 +31,9 @@ from transformers import PreTrainedTokenizerFast
 __all__ = [
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
-    "PAD_TOKEN",
     "IM_START",
     "MARKUP_TOKENS",
+    "PAD_TOKEN",
     "SPECIAL_TOKENS",
     "build_tokenizer",
 ]
@@ -121,7 +121,9 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
     """
     n_fixed = 256 + len(_ALL_ADDED)
     if not isinstance(vocab_size, int) or vocab_size < n_fixed:
-        raise ValueError(f"vocab_size={vocab_size!r} must be an int >= {n_fixed} (256 bytes + {len(_ALL_ADDED)} added tokens)")
+        raise ValueError(
+            f"vocab_size={vocab_size!r} must be an int >= {n_fixed} (256 bytes + {len(_ALL_ADDED)} added tokens)"
+        )
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = None  # any normalisation would break decode(encode(x)) == x

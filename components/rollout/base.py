@@ -7,8 +7,9 @@ ids out, so what the trainer scores is exactly what was sampled.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Protocol
 
 import torch
 

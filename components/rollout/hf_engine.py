@@ -6,7 +6,7 @@ log-softmax of the processed scores at each sampled token.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from transformers import AutoModelForCausalLM

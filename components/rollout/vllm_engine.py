@@ -13,7 +13,7 @@ Departure from vLLM's defaults:
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

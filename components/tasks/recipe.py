@@ -6,9 +6,10 @@ up with ``get_task(params.task)`` and never import a task directly. It holds fun
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import polars as pl
 
@@ -56,7 +57,13 @@ class TaskRecipe:
         if source_path is not None:
             return self.load_splits(source_path, seed=seed, n_train=n_train, n_val=n_val, n_test=n_test)
         return self.generate_splits(
-            seed=seed, n_train=n_train, n_val=n_val, n_test=n_test,
-            min_calls=min_calls, max_calls=max_calls, max_operand=max_operand,
-            weak_max_calls=weak_max_calls, weak_per_question=weak_per_question,
+            seed=seed,
+            n_train=n_train,
+            n_val=n_val,
+            n_test=n_test,
+            min_calls=min_calls,
+            max_calls=max_calls,
+            max_operand=max_operand,
+            weak_max_calls=weak_max_calls,
+            weak_per_question=weak_per_question,
         )

@@ -7,7 +7,8 @@ unpads the results, so that ``batch.parquet`` holds exactly what the advantages 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -41,15 +42,23 @@ def compute_advantages(
     rewards: torch.Tensor = torch.tensor([float(r["reward"]) for r in rows])  # (B,)
     if kl_in_reward and kl_coef > 0:
         rewards = kl_reward(
-            rewards=rewards, response_mask=mask, logp=pad_rows([r["old_logprobs"] for r in rows], L),
-            ref_logp=pad_rows([r["ref_logprobs"] for r in rows], L), kind=kl_kind, coef=kl_coef,
+            rewards=rewards,
+            response_mask=mask,
+            logp=pad_rows([r["old_logprobs"] for r in rows], L),
+            ref_logp=pad_rows([r["ref_logprobs"] for r in rows], L),
+            kind=kl_kind,
+            coef=kl_coef,
         )  # (B, L) token rewards
     values = None
     if est.critic == "token":
         values = pad_rows([r["values"] for r in rows], L)
     elif est.critic == "step":
         values = torch.tensor([float(r["values"][0]) for r in rows])
-    obs_index = _index([f"{r['group_id']}|{r.get('obs_key', r['step'])}" for r in rows]) if est.needs_obs_index else None
+    obs_index = (
+        _index([f"{r['group_id']}|{r.get('obs_key', r['step'])}" for r in rows])
+        if est.needs_obs_index
+        else None
+    )
     out = est(
         rewards=rewards, response_mask=mask, traj_index=_index([r["traj_id"] for r in rows]),
         step_index=torch.tensor([int(r["step"]) for r in rows]), group_index=_index([r["group_id"] for r in rows]),

@@ -50,16 +50,16 @@ from components.marker import (
 )
 
 __all__ = [
+    "DS_SUBDIR",
     "MARKER_FILE",
     "MARKER_FORMAT",
-    "DS_SUBDIR",
     "CheckpointError",
-    "save_checkpoint",
-    "is_complete",
     "check_complete",
-    "read_metadata",
-    "load_model",
+    "is_complete",
     "load_engine_state",
+    "load_model",
+    "read_metadata",
+    "save_checkpoint",
 ]
 
 DS_SUBDIR = "ds"
@@ -180,13 +180,13 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -
     p = check_complete(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype)
-    except Exception as err:  # noqa: BLE001 - re-raised naming the directory
+    except Exception as err:
         raise CheckpointError(f"checkpoint {p}: model failed to load ({err})") from err
     if not (p / "tokenizer_config.json").is_file():
         return model, None
     try:
         tokenizer = AutoTokenizer.from_pretrained(p)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         raise CheckpointError(f"checkpoint {p}: tokenizer failed to load ({err})") from err
     return model, tokenizer
 

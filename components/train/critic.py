@@ -16,7 +16,7 @@ from transformers import AutoModelForTokenClassification
 def build_critic(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A critic whose backbone is the causal LM in ``model_dir`` and whose value head starts at zero."""
     critic = AutoModelForTokenClassification.from_pretrained(str(model_dir), num_labels=1, dtype=dtype)
-    head = getattr(critic, "score", None) or getattr(critic, "classifier")
+    head = getattr(critic, "score", None) or critic.classifier
     with torch.no_grad():
         head.weight.zero_()
         if getattr(head, "bias", None) is not None:

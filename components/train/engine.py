@@ -37,14 +37,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 
 from components.train.distributed import init_distributed
 
-__all__ = ["LossFn", "make_ds_config", "lr_factor", "build_engine", "train_step"]
+__all__ = ["LossFn", "build_engine", "lr_factor", "make_ds_config", "train_step"]
 
 # loss_fn(engine, micro_batch) -> (scalar loss already divided by the global normaliser, metrics)
 LossFn = Callable[[Any, Any], "tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]"]

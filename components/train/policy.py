@@ -18,8 +18,8 @@ It does not decide what to train: losses live in ``components.algos``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -35,7 +35,7 @@ class TokenBatch:
     response_pos: Tensor  # (B, L) position of the logit that scores response token j
     value_pos: Tensor  # (B,) last prompt token
 
-    def to(self, device: torch.device | str) -> "TokenBatch":
+    def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
 
@@ -67,7 +67,11 @@ def pack_sequences(seqs: Sequence[Sequence[int]]) -> tuple[list[list[int]], list
 
 
 def make_token_batch(
-    prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int, *, pack: bool = True
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    *,
+    pack: bool = True,
 ) -> TokenBatch:
     if len(prompt_ids) != len(response_ids) or not prompt_ids:
         raise ValueError(f"need as many prompts as responses, got {len(prompt_ids)} and {len(response_ids)}")
@@ -95,7 +99,9 @@ def make_token_batch(
             mask[i, :R] = 1.0
         pos[i] = (P - 1 + torch.arange(L)).clamp(max=T - 1)
         value_pos[i] = P - 1
-    return TokenBatch(input_ids, attention_mask, torch.tensor(where, dtype=torch.long), resp, mask, pos, value_pos)
+    return TokenBatch(
+        input_ids, attention_mask, torch.tensor(where, dtype=torch.long), resp, mask, pos, value_pos
+    )
 
 
 def _hidden_at(model: torch.nn.Module, batch: TokenBatch, positions: Tensor) -> Tensor:

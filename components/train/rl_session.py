@@ -10,9 +10,10 @@ weights into the running rollout engine. It never reads params.yaml: the flow pa
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -21,7 +22,7 @@ from components.agent.loop import Episode, run_episodes
 from components.agent.render import ChatRenderer
 from components.rollout import make_engine
 from components.train.checkpoint import load_engine_state, save_checkpoint
-from components.train.critic import build_critic, load_critic
+from components.train.critic import build_critic
 from components.train.engine import build_engine
 from components.train.policy import critic_values, make_token_batch, response_logprobs
 from components.train.rl_update import actor_update, critic_update, trajectory_chunks
@@ -58,29 +59,65 @@ class RLSession:
         self.cfg = cfg
         self.init_dir = Path(init_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.init_dir)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.pad_id = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self.tokenizer.eos_token_id
+        )
         self.renderer = ChatRenderer(self.tokenizer, tools, stop_token=self.tokenizer.eos_token)
         torch.manual_seed(cfg.seed)
-        engine_kw = dict(weight_decay=0.0, zero_stage=cfg.zero_stage, dtype=cfg.dtype, grad_clip=cfg.grad_clip,
-                         micro_batch_size=cfg.micro_batch_size, grad_accum_steps=1, warmup_steps=cfg.warmup_steps,
-                         total_steps=max(cfg.warmup_steps, 1), lr_schedule="constant", eps=cfg.adam_eps)
-        self.actor = build_engine(AutoModelForCausalLM.from_pretrained(self.init_dir), lr=cfg.actor_lr, **engine_kw)
+        engine_kw = dict(
+            weight_decay=0.0,
+            zero_stage=cfg.zero_stage,
+            dtype=cfg.dtype,
+            grad_clip=cfg.grad_clip,
+            micro_batch_size=cfg.micro_batch_size,
+            grad_accum_steps=1,
+            warmup_steps=cfg.warmup_steps,
+            total_steps=max(cfg.warmup_steps, 1),
+            lr_schedule="constant",
+            eps=cfg.adam_eps,
+        )
+        self.actor = build_engine(
+            AutoModelForCausalLM.from_pretrained(self.init_dir), lr=cfg.actor_lr, **engine_kw
+        )
         self.critic = None
         if cfg.critic is not None:
             self.critic = build_engine(build_critic(self.init_dir), lr=cfg.critic_lr, **engine_kw)
         self.ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval() if cfg.use_ref else None
         self.rollout_engine = make_engine(
-            cfg.rollout_engine, str(self.init_dir), stop_token_ids=[self.tokenizer.eos_token_id],
-            dtype=cfg.rollout_dtype, max_model_len=cfg.max_model_len, kv_cache_gib=cfg.kv_cache_gib, seed=cfg.seed,
+            cfg.rollout_engine,
+            str(self.init_dir),
+            stop_token_ids=[self.tokenizer.eos_token_id],
+            dtype=cfg.rollout_dtype,
+            max_model_len=cfg.max_model_len,
+            kv_cache_gib=cfg.kv_cache_gib,
+            seed=cfg.seed,
         )
         self.version: str = str(self.init_dir)  # the checkpoint the engines hold now
 
     # --- rollout -------------------------------------------------------------------------------
-    def play(self, episodes: list[Episode], *, max_steps: int, max_prompt_len: int, max_response_len: int,
-             temperature: float, seed: int, desc: str) -> list[dict]:
+    def play(
+        self,
+        episodes: list[Episode],
+        *,
+        max_steps: int,
+        max_prompt_len: int,
+        max_response_len: int,
+        temperature: float,
+        seed: int,
+        desc: str,
+    ) -> list[dict]:
         return run_episodes(
-            self.rollout_engine, self.renderer, episodes, max_steps=max_steps, max_prompt_len=max_prompt_len,
-            max_response_len=max_response_len, temperature=temperature, seed=seed, desc=desc,
+            self.rollout_engine,
+            self.renderer,
+            episodes,
+            max_steps=max_steps,
+            max_prompt_len=max_prompt_len,
+            max_response_len=max_response_len,
+            temperature=temperature,
+            seed=seed,
+            desc=desc,
         )
 
     # --- what the estimator and losses read ---------------------------------------------------------
@@ -103,9 +140,19 @@ class RLSession:
         self.actor.eval()
         for idx in trajectory_chunks(rows, batch_size):
             chunk = [out[i] for i in idx]
-            batch = make_token_batch([r["prompt_ids"] for r in chunk], [r["response_ids"] for r in chunk], self.pad_id)
-            old = None if from_rollout else response_logprobs(self.actor.module, batch, temperature=temperature)[0]
-            ref = response_logprobs(self.ref, batch, temperature=temperature)[0] if self.ref is not None else None
+            batch = make_token_batch(
+                [r["prompt_ids"] for r in chunk], [r["response_ids"] for r in chunk], self.pad_id
+            )
+            old = (
+                None
+                if from_rollout
+                else response_logprobs(self.actor.module, batch, temperature=temperature)[0]
+            )
+            ref = (
+                response_logprobs(self.ref, batch, temperature=temperature)[0]
+                if self.ref is not None
+                else None
+            )
             values = None
             if self.critic is not None:
                 self.critic.eval()
@@ -124,10 +171,14 @@ class RLSession:
         return out
 
     # --- update --------------------------------------------------------------------------------
-    def update(self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict) -> dict[str, float]:
+    def update(
+        self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict
+    ) -> dict[str, float]:
         metrics: dict[str, float] = {}
         if self.critic is not None:
-            m = critic_update(self.critic, rows, pad_id=self.pad_id, per_step=self.cfg.critic == "step", **critic_kw)
+            m = critic_update(
+                self.critic, rows, pad_id=self.pad_id, per_step=self.cfg.critic == "step", **critic_kw
+            )
             metrics.update({f"critic/{k}": v for k, v in m.items()})
         if train_actor:
             m = actor_update(self.actor, rows, pad_id=self.pad_id, **actor_kw)
@@ -141,7 +192,9 @@ class RLSession:
     def save(self, out_dir: str | Path, metadata: dict[str, Any]) -> str:
         """Actor (HF + tokenizer + DeepSpeed state) at out_dir/actor, critic at out_dir/critic."""
         out = Path(out_dir)
-        save_checkpoint(self.actor, out / "actor", tokenizer=self.tokenizer, save_engine_state=True, metadata=metadata)
+        save_checkpoint(
+            self.actor, out / "actor", tokenizer=self.tokenizer, save_engine_state=True, metadata=metadata
+        )
         if self.critic is not None:
             save_checkpoint(self.critic, out / "critic", save_engine_state=True, metadata=metadata)
         self.version = str(out)

@@ -14,8 +14,9 @@ branches on an algorithm's name.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -76,7 +77,9 @@ def _fill(units: list, size: int, rows_of: Callable[[Any], int] = len) -> list[l
     return groups
 
 
-def _mini_batches(rows: Sequence[dict[str, Any]], size: int, micro: int, epochs: int, seed: int) -> list[list[list[int]]]:
+def _mini_batches(
+    rows: Sequence[dict[str, Any]], size: int, micro: int, epochs: int, seed: int
+) -> list[list[list[int]]]:
     """Row indices: one list per optimizer step, holding micro-batches of at most ``micro`` rows.
 
     Groups (the samples of one prompt) are shuffled whole and never split across optimizer steps:
@@ -155,8 +158,13 @@ def actor_update(
             mask = m.batch.response_mask
             logp, entropy = response_logprobs(eng.module, m.batch, temperature=temperature, with_entropy=True)
             pg, pg_metrics = loss_fn_pg(
-                logp=logp, old_logp=m.old_logp, advantages=m.advantages, response_mask=mask,
-                clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c,
+                logp=logp,
+                old_logp=m.old_logp,
+                advantages=m.advantages,
+                response_mask=mask,
+                clip_low=clip_low,
+                clip_high=clip_high,
+                clip_ratio_c=clip_ratio_c,
             )
             pg_loss = aggregate_loss(loss=pg, response_mask=mask, mode=loss_agg, **norms)
             loss = pg_loss
@@ -165,7 +173,9 @@ def actor_update(
             metrics.update({f"pg_{k}": v * share for k, v in pg_metrics.items()})
             metrics["entropy"] = (entropy.detach() * mask).sum() / tokens
             if entropy_coef > 0:
-                loss = loss - entropy_coef * aggregate_loss(loss=entropy, response_mask=mask, mode=loss_agg, **norms)
+                loss = loss - entropy_coef * aggregate_loss(
+                    loss=entropy, response_mask=mask, mode=loss_agg, **norms
+                )
             if kl_coef > 0 and m.ref_logp is not None:
                 kl = kl_penalty(logp=logp, ref_logp=m.ref_logp, response_mask=mask, kind=kl_kind)
                 kl_loss = aggregate_loss(loss=kl, response_mask=mask, mode="token-mean", **norms)
@@ -203,8 +213,9 @@ def critic_update(
             v = critic_values(eng.module, m.batch, per_step=per_step)
             mask = torch.ones_like(v) if per_step else m.batch.response_mask
             old = m.old_values if m.old_values is not None else v.detach()
-            per_item, extra = value_loss(values=v, old_values=old, returns=m.returns, value_mask=mask,
-                                         clip_value=value_clip)
+            per_item, extra = value_loss(
+                values=v, old_values=old, returns=m.returns, value_mask=mask, clip_value=value_clip
+            )
             loss = (per_item * mask).sum() / count
             share = mask.sum() / count
             return loss, {"vf_loss": loss.detach(), **{k: t * share for k, t in extra.items()}}

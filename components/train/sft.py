@@ -18,8 +18,9 @@ What it does not do: tokenise, collate or pad (``components.model.sft_data``), s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -28,11 +29,11 @@ from components.train.engine import train_step
 
 __all__ = [
     "IGNORE_INDEX",
+    "count_label_tokens",
+    "run_sft",
+    "sft_loss_fn",
     "split_micro_batches",
     "token_nll_sum",
-    "count_label_tokens",
-    "sft_loss_fn",
-    "run_sft",
 ]
 
 IGNORE_INDEX = -100
@@ -63,9 +64,7 @@ def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, t
     n = batch["input_ids"].shape[0]
     if n == 0:
         raise ValueError("batch has no rows")
-    return [
-        {k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, n, micro_batch_size)
-    ]
+    return [{k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, n, micro_batch_size)]
 
 
 def count_label_tokens(labels: torch.Tensor) -> int:

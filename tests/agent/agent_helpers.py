@@ -40,7 +40,11 @@ def row(qid: str, question: str, answer: str) -> dict:
 
 def call(expression: str) -> str:
     """A well-formed calculator call, as the model writes it."""
-    return "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        + "\n</tool_call>"
+    )
 
 
 def answer(value: str) -> str:

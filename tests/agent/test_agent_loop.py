@@ -66,7 +66,9 @@ def test_two_calls_then_answer_continue_token_for_token(tok, renderer, eos):
         assert s["response_ids"] == responses[t]
         assert s["response_logprobs"] == pytest.approx(logprobs_for(responses[t]))
     for t in (0, 1):
-        assert steps[t + 1]["prompt_ids"] == steps[t]["prompt_ids"] + steps[t]["response_ids"] + observations[t]
+        assert (
+            steps[t + 1]["prompt_ids"] == steps[t]["prompt_ids"] + steps[t]["response_ids"] + observations[t]
+        )
     # the observation between the two responses is the tool turn, nothing else
     p1, start = steps[1]["prompt_ids"], len(steps[0]["prompt_ids"]) + len(steps[0]["response_ids"])
     assert tok.decode(p1[start:], skip_special_tokens=False) == (
@@ -79,7 +81,11 @@ def test_two_calls_then_answer_continue_token_for_token(tok, renderer, eos):
     assert [s["done"] for s in steps] == [False, False, True]
     assert [s["truncated"] for s in steps] == [False, False, False]
     assert [s["correct"] for s in steps] == [False, False, True]
-    assert [(s["n_calls"], s["n_valid_calls"], s["format_error"]) for s in steps] == [(1, 1, False), (1, 1, False), (0, 0, False)]
+    assert [(s["n_calls"], s["n_valid_calls"], s["format_error"]) for s in steps] == [
+        (1, 1, False),
+        (1, 1, False),
+        (0, 0, False),
+    ]
     assert {s["traj_id"] for s in steps} == {"a-0"} and {s["group_id"] for s in steps} == {"a"}
 
 
@@ -92,7 +98,9 @@ def test_response_ids_are_never_reencoded(tok, renderer, eos):
             fixed = []
             for (g,) in out:
                 text = self.tok.decode(g.token_ids[:-1], skip_special_tokens=False)
-                ids = [i for ch in text for i in self.tok.encode(ch, add_special_tokens=False)] + [self.eos_id]
+                ids = [i for ch in text for i in self.tok.encode(ch, add_special_tokens=False)] + [
+                    self.eos_id
+                ]
                 fixed.append([type(g)(token_ids=ids, logprobs=logprobs_for(ids), finish_reason="stop")])
             return fixed
 
@@ -160,11 +168,16 @@ def test_max_steps_without_answer_truncates_the_last_step(tok, renderer):
 def test_answer_on_the_last_allowed_turn_is_not_truncated(tok, renderer):
     engine = ScriptedEngine(tok, {Q1: [call("60 + 37"), answer("97")]})
     steps = run_episodes(engine, renderer, episodes(row("a", Q1, "97")), **{**LOOSE, "max_steps": 2})
-    assert [(s["done"], s["truncated"], s["reward"]) for s in steps] == [(False, False, 0.0), (True, False, 1.0)]
+    assert [(s["done"], s["truncated"], s["reward"]) for s in steps] == [
+        (False, False, 0.0),
+        (True, False, 1.0),
+    ]
 
 
 def _second_context_len(tok, renderer, eos, r, action) -> int:
-    return len(first_prompt(renderer, r)) + len(enc(tok, action, eos)) + len(renderer.observation([tool("97")]))
+    return (
+        len(first_prompt(renderer, r)) + len(enc(tok, action, eos)) + len(renderer.observation([tool("97")]))
+    )
 
 
 def test_overlong_context_ends_the_episode_and_truncates_the_last_step(tok, renderer, eos):
@@ -208,9 +221,21 @@ def test_first_prompt_too_long_gives_one_empty_truncated_step(tok, renderer):
     "bad, error, name",
     [
         ("<tool_call>\nnot json\n</tool_call>", "error: tool call is not valid JSON", "invalid_call"),
-        ('<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>', "error: unknown tool 'search'", "search"),
-        ('<tool_call>\n{"name": "calculator", "arguments": {"expr": "1"}}\n</tool_call>', "error: invalid arguments", "calculator"),
-        ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 +', "error: <tool_call> is missing", "invalid_call"),
+        (
+            '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>',
+            "error: unknown tool 'search'",
+            "search",
+        ),
+        (
+            '<tool_call>\n{"name": "calculator", "arguments": {"expr": "1"}}\n</tool_call>',
+            "error: invalid arguments",
+            "calculator",
+        ),
+        (
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 +',
+            "error: <tool_call> is missing",
+            "invalid_call",
+        ),
     ],
 )
 def test_malformed_call_gives_feedback_and_format_error(tok, renderer, eos, bad, error, name):
@@ -256,14 +281,24 @@ def test_one_generate_call_per_turn_for_the_active_episodes_only(tok, renderer):
         assert (c["sampling"].max_tokens, c["sampling"].temperature, c["sampling"].top_p) == (128, 1.0, 1.0)
     # records come back grouped by episode, in episode order, steps in order
     assert [(s["traj_id"], s["step"]) for s in steps] == [
-        ("a-0", 0), ("b-0", 0), ("b-0", 1), ("c-0", 0), ("c-0", 1), ("c-0", 2), ("c-0", 3)
+        ("a-0", 0),
+        ("b-0", 0),
+        ("b-0", 1),
+        ("c-0", 0),
+        ("c-0", 1),
+        ("c-0", 2),
+        ("c-0", 3),
     ]
     assert all(ep.done for ep in eps)
     assert [s["reward"] for s in steps if s["done"]] == [1.0, 1.0, 1.0]
 
 
 def test_seeds_do_not_depend_on_batch_composition(tok, renderer):
-    scripts = {Q1: [call("60 + 37"), answer("97")], Q2: [answer("144")], Q3: [call("1 + 1"), call("2 + 2"), answer("96")]}
+    scripts = {
+        Q1: [call("60 + 37"), answer("97")],
+        Q2: [answer("144")],
+        Q3: [call("1 + 1"), call("2 + 2"), answer("96")],
+    }
 
     def seeds_of(traj: str, eps: list[Episode]) -> tuple[list[int], list[dict]]:
         engine = ScriptedEngine(tok, scripts)
@@ -277,7 +312,9 @@ def test_seeds_do_not_depend_on_batch_composition(tok, renderer):
         return seen, mine
 
     alone, steps_alone = seeds_of("a-0", episodes(row("a", Q1, "97")))
-    mixed, steps_mixed = seeds_of("a-0", episodes(row("c", Q3, "96"), row("b", Q2, "144"), row("a", Q1, "97")))
+    mixed, steps_mixed = seeds_of(
+        "a-0", episodes(row("c", Q3, "96"), row("b", Q2, "144"), row("a", Q1, "97"))
+    )
     assert alone == mixed == [episode_seed(7, "a-0", 0), episode_seed(7, "a-0", 1)]
     assert steps_alone == steps_mixed
     # seeds differ across turns, trajectories (samples of one prompt) and the global seed
@@ -290,14 +327,23 @@ def test_seeds_do_not_depend_on_batch_composition(tok, renderer):
 # --- metrics -------------------------------------------------------------------------------------------
 
 
-def _rec(traj: str, step: int, *, calls=0, valid=0, fmt=False, correct=False, truncated=False,
-         done=None) -> dict:
+def _rec(
+    traj: str, step: int, *, calls=0, valid=0, fmt=False, correct=False, truncated=False, done=None
+) -> dict:
     """A step record; ``done`` defaults to: ends the episode when truncated or it is a final turn
     without calls (as run_episodes records them)."""
     if done is None:
         done = truncated or calls == 0
-    return {"traj_id": traj, "step": step, "n_calls": calls, "n_valid_calls": valid, "format_error": fmt,
-            "correct": correct, "truncated": truncated, "done": done}
+    return {
+        "traj_id": traj,
+        "step": step,
+        "n_calls": calls,
+        "n_valid_calls": valid,
+        "format_error": fmt,
+        "correct": correct,
+        "truncated": truncated,
+        "done": done,
+    }
 
 
 def test_episode_metrics_by_hand():
@@ -361,10 +407,14 @@ def test_sampled_metrics_by_hand():
         return {**_rec(traj, 0, correct=correct), "group_id": group}
 
     steps = [
-        rec("p", "p#0", False), rec("p", "p#0", True),  # a correct last step makes the episode correct
+        rec("p", "p#0", False),
+        rec("p", "p#0", True),  # a correct last step makes the episode correct
         rec("p", "p#1", False),
-        rec("q", "q#0", False), rec("q", "q#1", False),
-        rec("r", "r#0", True), rec("r", "r#1", True), rec("r", "r#2", False),
+        rec("q", "q#0", False),
+        rec("q", "q#1", False),
+        rec("r", "r#0", True),
+        rec("r", "r#1", True),
+        rec("r", "r#2", False),
     ]
     m = sampled_metrics(steps)
     assert m["sampled_accuracy"] == pytest.approx((1 / 2 + 0 + 2 / 3) / 3)  # mean over prompts, not episodes
@@ -377,9 +427,15 @@ def test_sampled_metrics_by_hand():
 def test_episode_metrics_without_calls_or_steps():
     assert episode_metrics([_rec("a", 0, correct=True)])["valid_tool_call_rate"] == 0.0
     assert episode_metrics([]) == {
-        "accuracy": 0.0, "mean_turns": 0.0, "tool_calls_per_step": 0.0, "tool_calls_per_episode": 0.0,
-        "answer_without_tool_rate": 0.0, "valid_tool_call_rate": 0.0, "format_error_rate": 0.0,
-        "truncated_rate": 0.0, "n_episodes": 0.0,
+        "accuracy": 0.0,
+        "mean_turns": 0.0,
+        "tool_calls_per_step": 0.0,
+        "tool_calls_per_episode": 0.0,
+        "answer_without_tool_rate": 0.0,
+        "valid_tool_call_rate": 0.0,
+        "format_error_rate": 0.0,
+        "truncated_rate": 0.0,
+        "n_episodes": 0.0,
     }
 
 
@@ -392,7 +448,9 @@ def test_episode_metrics_of_a_real_run(tok, renderer, eos):
     n = max(len(enc(tok, a, eos)) for a in scripts[Q1] + scripts[Q2][:1] + scripts[Q3])
     engine = ScriptedEngine(tok, scripts)
     steps = run_episodes(
-        engine, renderer, episodes(row("a", Q1, "97"), row("b", Q2, "144"), row("c", Q3, "96")),
+        engine,
+        renderer,
+        episodes(row("a", Q1, "97"), row("b", Q2, "144"), row("c", Q3, "96")),
         **{**LOOSE, "max_response_len": n},
     )
     m = episode_metrics(steps)

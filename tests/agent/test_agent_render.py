@@ -30,7 +30,11 @@ BRACKET_TEMPLATE = (
 
 TEMPLATES = {"embedded": None, "qwen2.5": QWEN25_TEMPLATE, "bracket": BRACKET_TEMPLATE}
 # A string only that template's rendering of a tool conversation contains (proves the template was used).
-MARKERS = {"embedded": "# Tools\n- calculator(", "qwen2.5": '<tools>\n{"type": "function"', "bracket": "[user]What"}
+MARKERS = {
+    "embedded": "# Tools\n- calculator(",
+    "qwen2.5": '<tools>\n{"type": "function"',
+    "bracket": "[user]What",
+}
 
 
 def with_template(template: str | None):
@@ -50,7 +54,9 @@ def assistant_call(expression: str) -> dict:
     return {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}],
+        "tool_calls": [
+            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+        ],
     }
 
 
@@ -100,9 +106,17 @@ def test_prompt_response_observation_continue_the_rendered_conversation(calc, na
     ids += tok.encode(call("97 * 2"), add_special_tokens=False) + [eos]
     ids += r.observation([tool_msg("194"), tool_msg("error: division by zero")])
     whole = tok.apply_chat_template(
-        first + [assistant_call("60 + 37"), tool_msg("97"), assistant_call("97 * 2"), tool_msg("194"),
-                 tool_msg("error: division by zero")],
-        tools=calc.tools(), tokenize=False, add_generation_prompt=True,
+        first
+        + [
+            assistant_call("60 + 37"),
+            tool_msg("97"),
+            assistant_call("97 * 2"),
+            tool_msg("194"),
+            tool_msg("error: division by zero"),
+        ],
+        tools=calc.tools(),
+        tokenize=False,
+        add_generation_prompt=True,
     )
     assert MARKERS[name] in whole and all(MARKERS[o] not in whole for o in MARKERS if o != name)
     assert tok.decode(ids, skip_special_tokens=False) == whole

@@ -57,7 +57,11 @@ def _microbatch_loss(loss_name: str, mode: str, n_micro: int, *, global_counts: 
     old = torch.randn(B, L, generator=g, dtype=F64) * 0.1 - 1.7
     adv = torch.randn(B, L, generator=g, dtype=F64) * mask
     chunks = torch.arange(B).chunk(n_micro)
-    norms = loss_normalisers(response_masks=[mask[i] for i in chunks], norm_const=L) if global_counts else {"norm_const": L}
+    norms = (
+        loss_normalisers(response_masks=[mask[i] for i in chunks], norm_const=L)
+        if global_counts
+        else {"norm_const": L}
+    )
     total = torch.zeros((), dtype=F64)
     for idx in chunks:
         logp = torch.log_softmax(logits[idx], -1).gather(-1, tokens[idx, :, None]).squeeze(-1)  # (b, L)
@@ -108,8 +112,18 @@ def test_value_loss_accumulation_invariance():
 
 def test_presets_are_consistent():
     assert set(PRESETS) == {"grpo", "ppo", "steppo"}
-    assert PRESETS["grpo"] == {"estimator": "grpo", "policy_loss": "ppo", "loss_agg": "token-mean", "critic": None}
-    assert PRESETS["ppo"] == {"estimator": "gae", "policy_loss": "ppo", "loss_agg": "token-mean", "critic": "token"}
+    assert PRESETS["grpo"] == {
+        "estimator": "grpo",
+        "policy_loss": "ppo",
+        "loss_agg": "token-mean",
+        "critic": None,
+    }
+    assert PRESETS["ppo"] == {
+        "estimator": "gae",
+        "policy_loss": "ppo",
+        "loss_agg": "token-mean",
+        "critic": "token",
+    }
     assert PRESETS["steppo"] == {"estimator": "step_gae", "policy_loss": "gspo", "loss_agg": "seq-mean-token-mean",
                                  "critic": "step"}  # fmt: skip
     for p in PRESETS.values():

@@ -102,7 +102,9 @@ def test_singleton_group_is_mean0_std1():
     assert torch.allclose(ADVANTAGE_ESTIMATORS["dr_grpo"](**kw).advantages, torch.full((2, 2), 3.0))
     assert torch.allclose(ADVANTAGE_ESTIMATORS["rloo"](**kw).advantages, torch.full((2, 2), 3.0))
     # equal scores in a group: std 0 -> advantage 0, not NaN
-    kw.update(traj_index=torch.tensor([4, 5]), step_index=torch.tensor([0, 0]), rewards=torch.tensor([1.0, 1.0]))
+    kw.update(
+        traj_index=torch.tensor([4, 5]), step_index=torch.tensor([0, 0]), rewards=torch.tensor([1.0, 1.0])
+    )
     assert torch.equal(ADVANTAGE_ESTIMATORS["grpo"](**kw).advantages, torch.zeros(2, 2))
 
 
@@ -131,7 +133,7 @@ RPP = [[0, 0], [0.25, 0.5, 1], [0.5], [0, 0], [0, 0], [0.25, 0.5, 1, 2], [0, 0],
 
 @pytest.mark.parametrize("perm", PERMS)
 def test_reinforce_pp_by_hand(perm):
-    adv, ret, step_ret = run_hand("reinforce_pp", perm, gamma=0.5, norm_adv=False)
+    adv, _ret, step_ret = run_hand("reinforce_pp", perm, gamma=0.5, norm_adv=False)
     torch.testing.assert_close(adv, ragged(RPP))
     assert step_ret is None
     adv, _, _ = run_hand("reinforce_pp", perm, gamma=0.5, norm_adv=True)  # whiten over 17 tokens
@@ -180,8 +182,12 @@ def test_gae_chains_across_steps_by_hand():
         values=torch.tensor([[0.4, 99, 99], [0.5, 0.2, 99]], dtype=torch.float64),
         gamma=0.5, lam=0.5, norm_adv=False,
     )  # fmt: skip
-    torch.testing.assert_close(out.advantages, torch.tensor([[0.6, 0, 0], [-0.3625, 0.15, 0]], dtype=torch.float64))
-    torch.testing.assert_close(out.returns, torch.tensor([[1.0, 0, 0], [0.1375, 0.35, 0]], dtype=torch.float64))
+    torch.testing.assert_close(
+        out.advantages, torch.tensor([[0.6, 0, 0], [-0.3625, 0.15, 0]], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        out.returns, torch.tensor([[1.0, 0, 0], [0.1375, 0.35, 0]], dtype=torch.float64)
+    )
 
 
 # step_gae, gamma = lam = 0.5, V_T = 0:
@@ -262,7 +268,9 @@ def steps_of(rows):  # traj -> row ids in step order
 
 
 def scores(rows):  # per traj: S, group
-    return {t: (sum(rows[i]["reward"] for i in ids), rows[ids[0]]["group"]) for t, ids in steps_of(rows).items()}
+    return {
+        t: (sum(rows[i]["reward"] for i in ids), rows[ids[0]]["group"]) for t, ids in steps_of(rows).items()
+    }
 
 
 def norm_in_groups(x: dict, key: dict) -> dict:
@@ -372,7 +380,10 @@ def test_every_estimator_on_shared_batch(name):
     est = ADVANTAGE_ESTIMATORS[name]
     assert est.critic in ("token", "step", None) and est.name == name
     values = {"token": SHARED["token_values"], "step": SHARED["step_values"], None: None}[est.critic]
-    kw = {k: SHARED[k] for k in ("rewards", "response_mask", "traj_index", "step_index", "group_index", "obs_index")}
+    kw = {
+        k: SHARED[k]
+        for k in ("rewards", "response_mask", "traj_index", "step_index", "group_index", "obs_index")
+    }
     out = est(**kw, values=values, gamma=0.9, lam=0.95)
     mask = SHARED["response_mask"].bool()
     B = mask.shape[0]

@@ -171,7 +171,9 @@ def test_value_loss_clipping_by_hand():
     v = torch.tensor([1.5, 1.5, 0.9, 0.5, NAN], dtype=F64, requires_grad=True)
     v_old = torch.tensor([1.0, 1.0, 1.0, 1.0, NAN], dtype=F64)
     R = torch.tensor([1.0, 2.0, 0.0, 0.0, NAN], dtype=F64)
-    loss, m = value_loss(values=v, old_values=v_old, returns=R, value_mask=torch.tensor([1, 1, 1, 1, 0]), clip_value=0.2)
+    loss, m = value_loss(
+        values=v, old_values=v_old, returns=R, value_mask=torch.tensor([1, 1, 1, 1, 0]), clip_value=0.2
+    )
     torch.testing.assert_close(loss, torch.tensor([0.125, 0.32, 0.405, 0.32, 0.0], dtype=F64))
     assert m["vf_clipfrac"].item() == pytest.approx(0.5)
     loss.sum().backward()
@@ -199,8 +201,12 @@ def test_kl_estimators_by_hand():
     # equal: all 0. (logp, ref) = (-30, 0): k3 = e^20 - 21 clamped to 10
     logp = torch.tensor([[-1.0, -2.0, -0.7, -30.0]], dtype=F64)
     ref = torch.tensor([[-2.0, -1.0, -0.7, 0.0]], dtype=F64)
-    torch.testing.assert_close(KL_ESTIMATORS["kl"](logp, ref), torch.tensor([[1.0, -1.0, 0.0, -30.0]], dtype=F64))
-    torch.testing.assert_close(KL_ESTIMATORS["mse"](logp, ref), torch.tensor([[0.5, 0.5, 0.0, 450.0]], dtype=F64))
+    torch.testing.assert_close(
+        KL_ESTIMATORS["kl"](logp, ref), torch.tensor([[1.0, -1.0, 0.0, -30.0]], dtype=F64)
+    )
+    torch.testing.assert_close(
+        KL_ESTIMATORS["mse"](logp, ref), torch.tensor([[0.5, 0.5, 0.0, 450.0]], dtype=F64)
+    )
     want_k3 = torch.tensor([[math.exp(-1), math.e - 2, 0.0, 10.0]], dtype=F64)
     torch.testing.assert_close(KL_ESTIMATORS["low_var_kl"](logp, ref), want_k3)
 

@@ -90,7 +90,10 @@ def test_too_many_calls_are_capped():
         ('{"name": "rm_rf", "arguments": {}}', "unknown tool 'rm_rf'; available tools: ['calculator']"),
         ('{"name": "calculator", "arguments": {}}', "'expression' is a required property"),
         ('{"name": "calculator"}', "'expression' is a required property"),
-        ('{"name": "calculator", "arguments": {"expression": 60}}', "expression must be of type 'string', got integer"),
+        (
+            '{"name": "calculator", "arguments": {"expression": 60}}',
+            "expression must be of type 'string', got integer",
+        ),
         ('{"name": "calculator", "arguments": {"expression": "1", "x": 2}}', "Additional properties"),
         ('{"name": "calculator", "arguments": [1, 2]}', "must be a JSON object, got list"),
         ('{"name": "calculator", "arguments": 5}', "must be a JSON object, got int"),
@@ -106,7 +109,9 @@ def test_malformed_calls_become_feedback(body, expected):
 
 def test_arguments_as_json_string_are_accepted():
     body = json.dumps({"name": "calculator", "arguments": json.dumps({"expression": "2 + 2"})})
-    assert parse_tool_calls(call_text(body), TOOLS).calls == (ToolCall("calculator", {"expression": "2 + 2"}),)
+    assert parse_tool_calls(call_text(body), TOOLS).calls == (
+        ToolCall("calculator", {"expression": "2 + 2"}),
+    )
 
 
 def test_without_tools_names_are_not_checked():
@@ -125,7 +130,11 @@ def test_stray_closing_tag_is_not_a_final_answer():
 
 
 def test_nested_tags():
-    text = "<tool_call><tool_call>" + '{"name": "calculator", "arguments": {"expression": "1"}}' + "</tool_call></tool_call>"
+    text = (
+        "<tool_call><tool_call>"
+        + '{"name": "calculator", "arguments": {"expression": "1"}}'
+        + "</tool_call></tool_call>"
+    )
     parsed = parse_tool_calls(text, TOOLS)
     assert isinstance(parsed.calls[0], CallError) and "nested" in parsed.calls[0].message
     # the leftover closing tag after the nested pair is ignored, not a second call
@@ -180,11 +189,11 @@ def test_deep_nesting_inside_arguments_without_schema():
     "junk",
     [
         "\x00\x01\x02<tool_call>\x00</tool_call>",
-        "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"\\ud800\"}}\n</tool_call>",
-        "<tool_call>\ufeff\u202e{\"name\": \"calculator\"}</tool_call>",
-        "<tool_call>💥🔥{\"name\": \"💥\", \"arguments\": {}}</tool_call>",
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "\\ud800"}}\n</tool_call>',
+        '<tool_call>\ufeff\u202e{"name": "calculator"}</tool_call>',
+        '<tool_call>💥🔥{"name": "💥", "arguments": {}}</tool_call>',
         "<tool_call>NaN</tool_call>",
-        "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1\"}, \"name\": 3}</tool_call>",
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}, "name": 3}</tool_call>',
     ],
 )
 def test_unicode_and_control_junk_never_raises(junk):

@@ -15,7 +15,11 @@ from components.tasks.calc.calculator import CalculatorTool
 from components.tasks.calc.prompts import SYSTEM_PROMPT
 from components.tasks.calc.reward import parse_answer, score
 
-ROW = {"id": "r1", "question": "Tom has 5 boxes of 12 apples and buys 37 more. How many apples?", "answer": "97"}
+ROW = {
+    "id": "r1",
+    "question": "Tom has 5 boxes of 12 apples and buys 37 more. How many apples?",
+    "answer": "97",
+}
 
 
 def calc(expr: Any) -> str:
@@ -25,7 +29,10 @@ def calc(expr: Any) -> str:
 def test_episode_valid_call_then_error_then_answer():
     env = make_env(ROW, malformed_penalty=0.1)
     first = env.reset(ROW)
-    assert first == [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": ROW["question"]}]
+    assert first == [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": ROW["question"]},
+    ]
     assert env.tools == [CalculatorTool().schema()]
 
     out = env.step(calc("5 * 12") + "<|im_end|>")
@@ -70,7 +77,11 @@ def test_final_answers(final, reward, correct, answer, format_error):
     env.reset(ROW)
     out = env.step(final)
     assert out.done and out.reward == reward
-    assert (out.info["correct"], out.info["answer"], out.info["format_error"]) == (correct, answer, format_error)
+    assert (out.info["correct"], out.info["answer"], out.info["format_error"]) == (
+        correct,
+        answer,
+        format_error,
+    )
 
 
 def test_several_calls_one_step_keep_order():
@@ -98,7 +109,7 @@ def test_several_calls_one_step_keep_order():
         "<tool_call>" + "[" * 100_000 + "</tool_call>",
         "<tool_call>" * 50_000,
         format_tool_call("calculator", {"expression": "\ud800"}),
-        "<tool_call>\n{\"name\": \"\\ud800\", \"arguments\": {}}\n</tool_call>",
+        '<tool_call>\n{"name": "\\ud800", "arguments": {}}\n</tool_call>',
     ],
 )
 def test_hostile_actions_give_feedback_fast(action):
@@ -172,8 +183,12 @@ def test_tool_timeout_exception_size_and_type_are_contained():
     env.reset({"question": "q", "answer": "1"})
     start = time.perf_counter()
     out = env.step(
-        format_tool_call("slow", {}) + format_tool_call("boom", {}) + format_tool_call("loud", {"n": 10_000})
-        + format_tool_call("wrong", {}) + format_tool_call("nan", {}) + format_tool_call("loud", {"n": 3})
+        format_tool_call("slow", {})
+        + format_tool_call("boom", {})
+        + format_tool_call("loud", {"n": 10_000})
+        + format_tool_call("wrong", {})
+        + format_tool_call("nan", {})
+        + format_tool_call("loud", {"n": 3})
     )
     assert time.perf_counter() - start < 1.5
     texts = [m["content"] for m in out.messages]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -20,12 +21,24 @@ N = 200
 def write_run(root, name: str, correct, sampled, eval_extra=None, train=None):
     (root / "metrics").mkdir(exist_ok=True)
     (root / "plots").mkdir(exist_ok=True)
-    pl.DataFrame({"id": [f"p{i}" for i in range(N)], "correct": list(map(int, correct)),
-                  "sampled_correct": list(map(float, sampled)), "n_sampled": [2] * N}
-                 ).write_parquet(root / "metrics" / f"problems_{name}.parquet")
-    ev = {"model": name, "accuracy": float(np.mean(correct)), "sampled_accuracy": float(np.mean(sampled)),
-          "pass_at_k": 0.9, "mean_turns": 2.0, "valid_tool_call_rate": 1.0, "format_error_rate": 0.0,
-          **(eval_extra or {})}
+    pl.DataFrame(
+        {
+            "id": [f"p{i}" for i in range(N)],
+            "correct": list(map(int, correct)),
+            "sampled_correct": list(map(float, sampled)),
+            "n_sampled": [2] * N,
+        }
+    ).write_parquet(root / "metrics" / f"problems_{name}.parquet")
+    ev = {
+        "model": name,
+        "accuracy": float(np.mean(correct)),
+        "sampled_accuracy": float(np.mean(sampled)),
+        "pass_at_k": 0.9,
+        "mean_turns": 2.0,
+        "valid_tool_call_rate": 1.0,
+        "format_error_rate": 0.0,
+        **(eval_extra or {}),
+    }
     (root / "metrics" / f"eval_{name}.json").write_text(json.dumps(ev))
     if train is not None:
         (root / "metrics" / f"train_{name}.json").write_text(json.dumps(train))
@@ -44,8 +57,11 @@ def workspace(tmp_path, monkeypatch):
         write_run(tmp_path, f"ppo-s{seed}", sft, half, {"tool_calls_per_step": 0.5}, train)
         for algo, score in (("grpo", 0.5 + 0.1 * seed), ("ppo", 0.3)):
             (tmp_path / "plots" / f"train_{algo}-s{seed}.csv").write_text(
-                f"iteration,val_accuracy,score_mean\n-1,0.5,\n0,{0.6 + 0.1 * seed},{score}\n1,,{score + 0.1}\n")
-    params = parse_params({"compare": {"algorithms": ["grpo", "ppo"], "seeds": [0, 1]}, "evaluate": {"samples": 2}})
+                f"iteration,val_accuracy,score_mean\n-1,0.5,\n0,{0.6 + 0.1 * seed},{score}\n1,,{score + 0.1}\n"
+            )
+    params = parse_params(
+        {"compare": {"algorithms": ["grpo", "ppo"], "seeds": [0, 1]}, "evaluate": {"samples": 2}}
+    )
     return tmp_path, params
 
 
@@ -57,11 +73,17 @@ def cells(report: str, first: str, which: int = 0) -> list[str]:
 
 def test_report_intervals_per_seed_rows_and_words(workspace):
     root, params = workspace
-    report = open(compare.table.fn(params)).read()
+    report = Path(compare.table.fn(params)).read_text()
     assert report == (root / "reports" / "compare.md").read_text()
     header = cells(report, "algorithm")
-    assert header[:6] == ["algorithm", "seeds", "accuracy (greedy) [95% CI]", "greedy vs SFT [95% CI]",
-                          "sampled accuracy (mean@k) [95% CI]", "sampled vs SFT [95% CI]"]
+    assert header[:6] == [
+        "algorithm",
+        "seeds",
+        "accuracy (greedy) [95% CI]",
+        "greedy vs SFT [95% CI]",
+        "sampled accuracy (mean@k) [95% CI]",
+        "sampled vs SFT [95% CI]",
+    ]
     assert "tool calls per step" in header and "answer without tool" not in header  # only keys some file has
     grpo, ppo, sft = cells(report, "grpo"), cells(report, "ppo"), cells(report, "sft")
     interval = re.compile(r"^[+-]?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]$")
@@ -73,7 +95,10 @@ def test_report_intervals_per_seed_rows_and_words(workspace):
     assert lo < 0.5 < hi and hi - lo < 0.2  # 200 problems, half solved
     # the other columns are per-algorithm means over the seeds
     assert grpo[header.index("mean turns")] == "1.50" and grpo[header.index("train wall time (s)")] == "150"
-    assert grpo[header.index("tool calls per step")] == "-" and ppo[header.index("tool calls per step")] == "0.500"
+    assert (
+        grpo[header.index("tool calls per step")] == "-"
+        and ppo[header.index("tool calls per step")] == "0.500"
+    )
     for name in ("grpo-s0", "grpo-s1", "ppo-s0", "ppo-s1"):
         run = cells(report, name)
         assert run[1] == name.split("-")[0] and run[2] == name[-1], run
@@ -82,7 +107,9 @@ def test_report_intervals_per_seed_rows_and_words(workspace):
     words = {line.split("**")[1]: line for line in report.splitlines() if line.startswith("- **")}
     assert "greedy accuracy 1.000, against SFT significantly higher (+0.500" in words["grpo"]
     assert "against ppo: greedy significantly higher" in words["grpo"]
-    assert "greedy accuracy 0.500, against SFT no significant difference (+0.000 [0.000, 0.000]" in words["ppo"]
+    assert (
+        "greedy accuracy 0.500, against SFT no significant difference (+0.000 [0.000, 0.000]" in words["ppo"]
+    )
     assert "against grpo: greedy significantly lower (-0.500" in words["ppo"]
     assert "sampled mean@2 accuracy" in words["ppo"]
     assert "resample" in report and "seeds are not resampled" in report
@@ -107,5 +134,7 @@ def test_missing_inputs_are_listed_before_the_flow_starts(workspace):
     (root / "metrics" / "eval_grpo-s1.json").unlink()
     assert compare.inputs(params).count("metrics/eval_grpo-s1.json") == 1
     (root / "params.yaml").write_text("compare:\n  algorithms: [grpo, ppo]\n  seeds: [0, 1]\n")
-    with pytest.raises(compare.StageError, match=r"1 input file\(s\) missing, e.g. metrics/eval_grpo-s1.json"):
+    with pytest.raises(
+        compare.StageError, match=r"1 input file\(s\) missing, e.g. metrics/eval_grpo-s1.json"
+    ):
         compare.main(str(root / "params.yaml"))

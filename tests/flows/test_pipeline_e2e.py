@@ -31,7 +31,9 @@ def test_every_stage_produces_its_outputs(repro):
         assert pl.read_parquet(ws / f"data/processed/calc/{split}.parquet").height > 0
     for model in ("base", "sft", *(f"{name}/final" for name in RUNS)):
         assert (ws / "models" / model / "steprl_complete.json").is_file(), model
-    test_ids = pl.read_parquet(ws / "data/processed/calc/test.parquet")["id"].head(8).cast(pl.String).to_list()
+    test_ids = (
+        pl.read_parquet(ws / "data/processed/calc/test.parquet")["id"].head(8).cast(pl.String).to_list()
+    )
     for name in RUNS:
         algo, seed = name.rsplit("-s", 1)
         tr = json.loads((ws / f"metrics/train_{name}.json").read_text())
@@ -41,7 +43,9 @@ def test_every_stage_produces_its_outputs(repro):
         assert curve["iteration"].to_list() == [-1, 0, 1]  # -1: the SFT policy on val, before any update
         initial = json.loads((ws / "runs" / name / "val_initial.json").read_text())["val/accuracy"]
         assert curve["val_accuracy"][0] == initial and curve["score_mean"][0] is None
-        assert json.loads((ws / "runs" / name / "fingerprint.json").read_text())["depends_on"]["seed"] == int(seed)
+        assert json.loads((ws / "runs" / name / "fingerprint.json").read_text())["depends_on"]["seed"] == int(
+            seed
+        )
         problems = pl.read_parquet(ws / f"metrics/problems_{name}.parquet")
         assert problems["id"].to_list() == test_ids and set(problems["correct"]) <= {0, 1}
         ev = json.loads((ws / f"metrics/eval_{name}.json").read_text())
@@ -59,7 +63,10 @@ def test_every_stage_produces_its_outputs(repro):
             assert rows and min(rows) >= 32, sorted(rows)
     # The RL seed drives what RL draws: the two seeds of an algorithm sample different prompts.
     for algo in ALGOS:
-        groups = [set(pl.read_parquet(ws / f"runs/{algo}-s{s}/iter_0000/rollouts.parquet")["group_id"]) for s in SEEDS]
+        groups = [
+            set(pl.read_parquet(ws / f"runs/{algo}-s{s}/iter_0000/rollouts.parquet")["group_id"])
+            for s in SEEDS
+        ]
         assert groups[0] != groups[1], algo
     sft_problems = pl.read_parquet(ws / "metrics/problems_sft.parquet")
     assert sft_problems["id"].to_list() == test_ids and (sft_problems["n_sampled"] == 2).all()
@@ -67,9 +74,14 @@ def test_every_stage_produces_its_outputs(repro):
     interval = r"[+-]?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]"
     assert "| algorithm | seeds | accuracy (greedy) [95% CI] | greedy vs SFT [95% CI] |" in report
     for algo in ALGOS:  # mean over seeds [interval], difference to SFT [interval] (greedy, then sampled)
-        assert re.search(rf"^\| {algo} \| 0, 1 \| {interval} \| {interval} \| {interval} \| {interval} \|", report, re.M), algo
-        assert re.search(rf"^- \*\*{algo}\*\* \(2 seeds\): greedy accuracy .* against SFT (significantly|no significant)",
-                         report, re.M), algo
+        assert re.search(
+            rf"^\| {algo} \| 0, 1 \| {interval} \| {interval} \| {interval} \| {interval} \|", report, re.M
+        ), algo
+        assert re.search(
+            rf"^- \*\*{algo}\*\* \(2 seeds\): greedy accuracy .* against SFT (significantly|no significant)",
+            report,
+            re.M,
+        ), algo
     for name in ["sft", *RUNS]:  # one row per run with its own values
         assert re.search(rf"^\| {name} \| ", report, re.M), name
     assert re.search(rf"^\| grpo - steppo \| {interval} \| {interval} \|", report, re.M)
@@ -96,20 +108,37 @@ def test_mlflow_has_sft_and_evaluate_runs(repro):
         (run_id,) = con.execute("select run_uuid from runs where name = ?", (name,)).fetchone()
         tags = dict(con.execute("select key, value from tags where run_uuid = ?", (run_id,)).fetchall())
         assert (tags["steprl.algo"], tags["steprl.rl_seed"]) == (algo, seed), tags
-        (logged_seed,) = con.execute("select value from params where run_uuid = ? and key = 'seed'", (run_id,)).fetchone()
+        (logged_seed,) = con.execute(
+            "select value from params where run_uuid = ? and key = 'seed'", (run_id,)
+        ).fetchone()
         assert logged_seed == seed
-        steps = [s for (s,) in con.execute(
-            "select step from metrics where run_uuid = ? and key = 'timing_s/iteration' order by step", (run_id,))]
+        steps = [
+            s
+            for (s,) in con.execute(
+                "select step from metrics where run_uuid = ? and key = 'timing_s/iteration' order by step",
+                (run_id,),
+            )
+        ]
         assert steps == [0, 1], (name, steps)
         keys = {k for (k,) in con.execute("select distinct key from metrics where run_uuid = ?", (run_id,))}
-        assert {"critic/score/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "val/accuracy",
-                "timing_s/rollout", "perf/tokens_per_s", "tool_calls/valid_rate"} <= keys, keys
+        assert {
+            "critic/score/mean",
+            "actor/pg_loss",
+            "actor/entropy",
+            "actor/grad_norm",
+            "val/accuracy",
+            "timing_s/rollout",
+            "perf/tokens_per_s",
+            "tool_calls/valid_rate",
+        } <= keys, keys
         if algo != "grpo":
             assert {"critic/vf_loss", "critic/vf_explained_var"} <= keys
     (n_loss,) = con.execute("select count(*) from metrics where key = 'sft/loss'").fetchone()
     assert n_loss == 4
-    (exp,) = con.execute("select name from experiments where experiment_id = "
-                         "(select experiment_id from runs where name = 'sft')").fetchone()
+    (exp,) = con.execute(
+        "select name from experiments where experiment_id = "
+        "(select experiment_id from runs where name = 'sft')"
+    ).fetchone()
     assert exp == "calc"
 
 

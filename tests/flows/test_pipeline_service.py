@@ -45,9 +45,32 @@ PARAMS = (REPO / "params.yaml").read_text()
 
 
 HOSTILE = [
-    "plain", "/models/Qwen2.5-0.5B-Instruct", "it's", "back\\slash", "end\\", "\\'", "'", "''", "a,b",
-    "[x]", "{a: 1}", "null", "true", "1e-3", "12", "", " sp ", 'dq"x', "$x", "a=b", "k=v,w", "é ü 中",
-    "line\nbreak", "tab\there", "\\\\'\\", "# not a comment",
+    "plain",
+    "/models/Qwen2.5-0.5B-Instruct",
+    "it's",
+    "back\\slash",
+    "end\\",
+    "\\'",
+    "'",
+    "''",
+    "a,b",
+    "[x]",
+    "{a: 1}",
+    "null",
+    "true",
+    "1e-3",
+    "12",
+    "",
+    " sp ",
+    'dq"x',
+    "$x",
+    "a=b",
+    "k=v,w",
+    "é ü 中",
+    "line\nbreak",
+    "tab\there",
+    "\\\\'\\",
+    "# not a comment",
 ]
 
 
@@ -78,10 +101,21 @@ def test_hydra_value_rejects_what_dvc_would_mangle(bad):
 def test_build_overrides_passes_only_set_parameters_mapped_to_their_keys():
     assert build_overrides() == []
     assert build_overrides(task=None, seed=None, algorithms=None, iterations=None, model_path=None) == []
-    got = build_overrides(seed=3, algorithms=["grpo", "ppo"], iterations=5, model_path="/m/x",
-                          overrides=["sft.lr=0.001", " prepare.n_train=40 "])
-    assert got == ["seed=3", "compare.algorithms=['grpo','ppo']", "train.iterations=5", "model.path='/m/x'",
-                   "sft.lr=0.001", "prepare.n_train=40"]
+    got = build_overrides(
+        seed=3,
+        algorithms=["grpo", "ppo"],
+        iterations=5,
+        model_path="/m/x",
+        overrides=["sft.lr=0.001", " prepare.n_train=40 "],
+    )
+    assert got == [
+        "seed=3",
+        "compare.algorithms=['grpo','ppo']",
+        "train.iterations=5",
+        "model.path='/m/x'",
+        "sft.lr=0.001",
+        "prepare.n_train=40",
+    ]
     assert PARAM_KEYS["algorithms"] == "compare.algorithms" and PARAM_KEYS["iterations"] == "train.iterations"
 
 
@@ -108,8 +142,10 @@ def test_build_overrides_rejects_bad_input_naming_it(kwargs, needle):
 
 
 def test_check_overrides_returns_the_typed_params_the_run_will_see():
-    p = check_overrides(PARAMS, ["prepare.n_train=40", "sft.rows=30", "sft.lr=1e-3", "model.path='/x/y'",
-                                 "evaluate.max_samples=4"])
+    p = check_overrides(
+        PARAMS,
+        ["prepare.n_train=40", "sft.rows=30", "sft.lr=1e-3", "model.path='/x/y'", "evaluate.max_samples=4"],
+    )
     assert p.prepare.n_train == 40 and p.sft.rows == 30 and p.sft.lr == 0.001 and p.model.path == "/x/y"
     assert p.evaluate.max_samples == 4
     assert check_overrides(PARAMS, []).prepare.n_train == check_overrides(PARAMS, []).prepare.n_train
@@ -123,7 +159,10 @@ def test_check_overrides_returns_the_typed_params_the_run_will_see():
         ("sft.lr=abc", "sft.lr: Input should be a valid number"),
         ("prepare.n_train=0", "prepare.n_train: Input should be greater than or equal to 1"),
         ("prepare=3", "prepare: Input should be"),
-        ("prepare.n_train=40", "leaves no train rows for RL prompts (prepare.n_train=40)"),  # cross-field check
+        (
+            "prepare.n_train=40",
+            "leaves no train rows for RL prompts (prepare.n_train=40)",
+        ),  # cross-field check
     ],
 )
 def test_check_overrides_names_the_bad_key(override, needle):
@@ -168,7 +207,9 @@ def _git(repo: Path, *args: str) -> str:
 def test_read_metrics_reads_committed_json_and_only_changed_files_since_baseline(tmp_path):
     _git(tmp_path, "init", "-q")
     (tmp_path / "metrics").mkdir()
-    (tmp_path / "metrics" / "sft.json").write_text(json.dumps({"loss": 1.5, "steps": 4, "name": "x", "ok": True}))
+    (tmp_path / "metrics" / "sft.json").write_text(
+        json.dumps({"loss": 1.5, "steps": 4, "name": "x", "ok": True})
+    )
     (tmp_path / "metrics" / "eval_sft.json").write_text(json.dumps({"accuracy": 0.25}))
     (tmp_path / "metrics" / "notes.txt").write_text("not json")
     _git(tmp_path, "add", "-A")
@@ -194,7 +235,9 @@ def test_run_experiment_refuses_a_repo_without_commits_and_bad_names(tmp_path):
 
 def test_check_targets_reads_dvc_yaml_of_the_baseline(tmp_path):
     _git(tmp_path, "init", "-q")
-    (tmp_path / "dvc.yaml").write_text("stages:\n  prepare: {cmd: x}\n  evaluate: {foreach: [sft], do: {cmd: y}}\n")
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  prepare: {cmd: x}\n  evaluate: {foreach: [sft], do: {cmd: y}}\n"
+    )
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "base")
     rev = _git(tmp_path, "rev-parse", "HEAD")
@@ -248,10 +291,15 @@ def test_endpoint_defaults_bind_loopback_on_the_documented_ports():
     ep = serve.resolve_endpoints(env={})
     assert (ep.host, ep.prefect_port, ep.mlflow_port) == ("127.0.0.1", 4200, 5000)
     assert ep.prefect_url == "http://127.0.0.1:4200" and ep.prefect_api == "http://127.0.0.1:4200/api"
-    assert ep.health == {"prefect": "http://127.0.0.1:4200/api/health", "mlflow": "http://127.0.0.1:5000/health"}
+    assert ep.health == {
+        "prefect": "http://127.0.0.1:4200/api/health",
+        "mlflow": "http://127.0.0.1:5000/health",
+    }
     assert ep.deployment_api() == "http://127.0.0.1:4200/api/deployments/name/pipeline/steprl"
-    assert serve.env_lines(ep) == ["export PREFECT_API_URL=http://127.0.0.1:4200/api",
-                                   "export MLFLOW_TRACKING_URI=http://127.0.0.1:5000"]
+    assert serve.env_lines(ep) == [
+        "export PREFECT_API_URL=http://127.0.0.1:4200/api",
+        "export MLFLOW_TRACKING_URI=http://127.0.0.1:5000",
+    ]
 
 
 def test_flags_beat_environment_beat_defaults():
@@ -292,7 +340,9 @@ def test_status_against_nothing_running(tmp_path, capsys):
 
 
 def test_status_main_exit_code_with_explicit_ports(capsys):
-    code = serve.main(["status", "--prefect-port", str(serve.free_port()), "--mlflow-port", str(serve.free_port())])
+    code = serve.main(
+        ["status", "--prefect-port", str(serve.free_port()), "--mlflow-port", str(serve.free_port())]
+    )
     assert code == 1
     assert "not answering" in capsys.readouterr().out
 
@@ -300,7 +350,7 @@ def test_status_main_exit_code_with_explicit_ports(capsys):
 class _Fake(http.server.BaseHTTPRequestHandler):
     routes: dict = {}
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         body = self.routes.get(self.path)
         self.send_response(200 if body is not None else 404)
         self.end_headers()
@@ -314,10 +364,18 @@ class _Fake(http.server.BaseHTTPRequestHandler):
 def fake_servers():
     servers = []
     for routes in (
-        {"/api/health": True, "/api/deployments/name/pipeline/steprl": {
-            "id": "d-1", "status": "READY", "paused": False,
-            "schedules": [{"schedule": {"cron": "0 3 * * *"}, "active": True},
-                          {"schedule": {"interval": 3600.0}, "active": False}]}},
+        {
+            "/api/health": True,
+            "/api/deployments/name/pipeline/steprl": {
+                "id": "d-1",
+                "status": "READY",
+                "paused": False,
+                "schedules": [
+                    {"schedule": {"cron": "0 3 * * *"}, "active": True},
+                    {"schedule": {"interval": 3600.0}, "active": False},
+                ],
+            },
+        },
         {"/health": "OK"},
     ):
         handler = type("H", (_Fake,), {"routes": routes})
@@ -381,8 +439,13 @@ def _start_supervisor(tmp_path):
     (tmp_path / "sup.py").write_text(SUPERVISOR)
     ports = [str(serve.free_port()) for _ in range(3)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "sup.py"), str(tmp_path), *ports], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "sup.py"), str(tmp_path), *ports],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not (tmp_path / "serve.json").is_file():
         assert proc.poll() is None, proc.stdout.read()
@@ -429,15 +492,26 @@ def test_start_refuses_a_port_in_use_and_a_second_start(tmp_path):
             serve.start(ep, repo=tmp_path, state_path=tmp_path / "serve.json", services=[])
     (tmp_path / "serve.json").write_text(json.dumps({"pid": os.getpid()}))
     with pytest.raises(ServeError, match="already running"):
-        serve.start(Endpoints("127.0.0.1", serve.free_port(), serve.free_port()), repo=tmp_path,
-                    state_path=tmp_path / "serve.json", services=[])
+        serve.start(
+            Endpoints("127.0.0.1", serve.free_port(), serve.free_port()),
+            repo=tmp_path,
+            state_path=tmp_path / "serve.json",
+            services=[],
+        )
 
 
 def test_stop_services_on_processes_that_ignore_sigterm(tmp_path):
-    stubborn = Service("stubborn", [sys.executable, "-c",
-                                    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                    "print('ready', flush=True); time.sleep(300)"], dict(os.environ),
-                       log=tmp_path / "s.log")
+    stubborn = Service(
+        "stubborn",
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(300)",
+        ],
+        dict(os.environ),
+        log=tmp_path / "s.log",
+    )
     stubborn.start(tmp_path)
     while "ready" not in (tmp_path / "s.log").read_text():
         time.sleep(0.05)
@@ -451,14 +525,21 @@ def test_stop_services_on_processes_that_ignore_sigterm(tmp_path):
 
 @pytest.mark.parametrize(
     ("cron", "interval", "needle"),
-    [("0 3 * * *", 5.0, "not both"), (None, 0.0, "positive"), (None, -3.0, "positive"),
-     ("every night", None, "not a valid cron"), ("61 * * * *", None, "not a valid cron")],
+    [
+        ("0 3 * * *", 5.0, "not both"),
+        (None, 0.0, "positive"),
+        (None, -3.0, "positive"),
+        ("every night", None, "not a valid cron"),
+        ("61 * * * *", None, "not a valid cron"),
+    ],
 )
 def test_bad_schedules_fail_before_anything_starts(cron, interval, needle):
     with pytest.raises(ServeError, match=needle):
         serve.check_schedule(cron, interval)
     args = ["start", "--prefect-port", "1", "--mlflow-port", "2"]
-    args += (["--cron", cron] if cron else []) + (["--interval", str(interval)] if interval is not None else [])
+    args += (["--cron", cron] if cron else []) + (
+        ["--interval", str(interval)] if interval is not None else []
+    )
     assert serve.main(args) == 2  # ports 1 and 2 are never bound: the schedule is checked first
 
 
@@ -475,7 +556,9 @@ def test_clone_shares_the_repo_cache_and_keeps_its_local_config(tmp_path, monkey
     repo, clone, bare = tmp_path / "repo", tmp_path / "clone", tmp_path / "bare"
     for d in (repo, clone, bare):
         (d / ".dvc").mkdir(parents=True)
-    (repo / ".dvc" / "config.local").write_text("[cache]\n    type = symlink\n    dir = ../elsewhere\n[core]\n    remote = x\n")
+    (repo / ".dvc" / "config.local").write_text(
+        "[cache]\n    type = symlink\n    dir = ../elsewhere\n[core]\n    remote = x\n"
+    )
     experiments._share_cache(repo, clone)
     text = (clone / ".dvc" / "config.local").read_text()
     assert text.count("[cache]") == 1 and "dir = /abs/cache" in text and "elsewhere" not in text

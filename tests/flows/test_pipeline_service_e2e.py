@@ -31,8 +31,13 @@ pytestmark = pytest.mark.slow
 # The run the "schedule" makes: up to sft, tiny, with values a default run would never have.
 RUN = {
     "seed": 7,
-    "overrides": ["prepare.n_train=40", "sft.steps=2", "sft.batch_size=4", "sft.micro_batch_size=4",
-                  "sft.warmup_steps=1"],
+    "overrides": [
+        "prepare.n_train=40",
+        "sft.steps=2",
+        "sft.batch_size=4",
+        "sft.micro_batch_size=4",
+        "sft.warmup_steps=1",
+    ],
     "targets": ["sft"],
     "experiment_name": "svc-e2e",
 }
@@ -46,7 +51,9 @@ def _env(ws: Path) -> dict[str, str]:
 
 
 def _post(url: str, body: dict) -> dict | list:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -60,14 +67,40 @@ def _exp_rows(ws: Path) -> dict[str, dict[str, str]]:
 def service(tmp_path_factory):
     ws = make_workspace(tmp_path_factory.mktemp("service"))
     # A pipeline run before any server exists: Prefect ephemeral, MLflow straight into mlflow/mlflow.db.
-    run([sys.executable, "-m", "flows.pipeline", "run", "-n", "before-serve", "-S", "prepare.n_train=33", "prepare"], ws)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "flows.pipeline",
+            "run",
+            "-n",
+            "before-serve",
+            "-S",
+            "prepare.n_train=33",
+            "prepare",
+        ],
+        ws,
+    )
 
     pport, mport = free_port(), free_port()
     log = open(ws / "serve.out", "w")
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.serve", "start", "--prefect-port", str(pport), "--mlflow-port", str(mport)],
-        cwd=ws, env=_env(ws), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "flows.serve",
+            "start",
+            "--prefect-port",
+            str(pport),
+            "--mlflow-port",
+            str(mport),
+        ],
+        cwd=ws,
+        env=_env(ws),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     while "services are up" not in (ws / "serve.out").read_text():
         assert proc.poll() is None, (ws / "serve.out").read_text()[-4000:]
@@ -75,8 +108,14 @@ def service(tmp_path_factory):
         time.sleep(0.5)
     startup = time.monotonic() - t0
     print(f"\nservice start-up (both UIs and the deployment answering): {startup:.1f} s")
-    info = {"ws": ws, "proc": proc, "prefect": f"http://127.0.0.1:{pport}", "mlflow": f"http://127.0.0.1:{mport}",
-            "ports": (pport, mport), "startup": startup}
+    info = {
+        "ws": ws,
+        "proc": proc,
+        "prefect": f"http://127.0.0.1:{pport}",
+        "mlflow": f"http://127.0.0.1:{mport}",
+        "ports": (pport, mport),
+        "startup": startup,
+    }
     try:
         yield info
     finally:
@@ -104,7 +143,9 @@ def scheduled(service):
     t0 = time.monotonic()
     with temporary_settings({PREFECT_API_URL: f"{service['prefect']}/api"}):
         flow_run = run_deployment("pipeline/steprl", parameters=RUN, timeout=0)
-        user = run(["dvc", "exp", "run", "-n", "user-run", "-S", "prepare.n_train=44", "prepare"], ws, check=False)
+        user = run(
+            ["dvc", "exp", "run", "-n", "user-run", "-S", "prepare.n_train=44", "prepare"], ws, check=False
+        )
         with get_client(sync_client=True) as client:
             while True:
                 flow_run = client.read_flow_run(flow_run.id)
@@ -119,7 +160,9 @@ def scheduled(service):
 def test_the_scheduled_run_and_the_users_run_both_complete(service, scheduled):
     fr = scheduled["flow_run"]
     assert fr.state.is_completed(), (fr.state, (service["ws"] / "serve.out").read_text()[-6000:])
-    assert scheduled["user"].returncode == 0, scheduled["user"].stdout[-3000:] + scheduled["user"].stderr[-3000:]
+    assert scheduled["user"].returncode == 0, (
+        scheduled["user"].stdout[-3000:] + scheduled["user"].stderr[-3000:]
+    )
 
 
 def test_dvc_experiment_holds_the_overridden_values_from_head(service, scheduled):
@@ -139,7 +182,9 @@ def test_mlflow_runs_logged_it_through_the_server(service, scheduled):
     url = service["mlflow"]
     exps = _post(f"{url}/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
     calc = next(e for e in exps if e["name"] == "calc")
-    runs = _post(f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [calc["experiment_id"]], "max_results": 100})["runs"]
+    runs = _post(
+        f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [calc["experiment_id"]], "max_results": 100}
+    )["runs"]
     by_name = {r["info"]["run_name"]: r for r in runs}
     # logged to the sqlite file before the server started, listed by the server
     assert by_name["pipeline before-serve"]["info"]["status"] == "FINISHED"
@@ -148,24 +193,38 @@ def test_mlflow_runs_logged_it_through_the_server(service, scheduled):
     params = {p["key"]: p["value"] for p in parent["data"]["params"]}
     tags = {t["key"]: t["value"] for t in parent["data"]["tags"]}
     assert parent["info"]["status"] == "FINISHED"
-    assert (params["sft.steps"], params["seed"], params["prepare.n_train"], params["prepare.n_val"]) == ("2", "7", "40", "8")
+    assert (params["sft.steps"], params["seed"], params["prepare.n_train"], params["prepare.n_val"]) == (
+        "2",
+        "7",
+        "40",
+        "8",
+    )
     assert re.fullmatch(r"refs/exps/[0-9a-f]{2}/[0-9a-f]{38}/svc-e2e", tags["steprl.dvc_ref"])
     assert tags["prefect.flow_run_id"] == str(scheduled["flow_run"].id)
     metrics = {m["key"]: m["value"] for m in parent["data"]["metrics"]}
     assert metrics.get("sft.steps") == 2
 
-    sft = [r for r in runs if r["info"]["run_name"] == "sft"
-           and {"key": "mlflow.parentRunId", "value": parent["info"]["run_id"]} in r["data"]["tags"]]
+    sft = [
+        r
+        for r in runs
+        if r["info"]["run_name"] == "sft"
+        and {"key": "mlflow.parentRunId", "value": parent["info"]["run_id"]} in r["data"]["tags"]
+    ]
     assert len(sft) == 1, "the sft stage's run is not a child of the pipeline run"
     sft_params = {p["key"]: p["value"] for p in sft[0]["data"]["params"]}
     assert sft_params["sft.steps"] == "2"
-    history = json.loads(urllib.request.urlopen(
-        f"{url}/api/2.0/mlflow/metrics/get-history?run_id={sft[0]['info']['run_id']}&metric_key=sft/loss").read())
+    history = json.loads(
+        urllib.request.urlopen(
+            f"{url}/api/2.0/mlflow/metrics/get-history?run_id={sft[0]['info']['run_id']}&metric_key=sft/loss"
+        ).read()
+    )
     assert len(history["metrics"]) == 2
 
 
 def test_stage_flows_reported_to_the_prefect_server(service, scheduled):
-    runs = _post(f"{service['prefect']}/api/flow_runs/filter", {"flows": {"name": {"any_": ["sft", "base_model"]}}})
+    runs = _post(
+        f"{service['prefect']}/api/flow_runs/filter", {"flows": {"name": {"any_": ["sft", "base_model"]}}}
+    )
     assert {r["state_type"] for r in runs} == {"COMPLETED"} and len(runs) >= 2
 
 
@@ -176,15 +235,27 @@ def test_status_then_ctrl_c_during_a_run_leaves_nothing_behind(service, schedule
     ws, proc = service["ws"], service["proc"]
     status = run([sys.executable, "-m", "flows.serve", "status"], ws, check=False)
     assert status.returncode == 0, status.stdout
-    assert service["prefect"] in status.stdout and service["mlflow"] in status.stdout and "READY" in status.stdout
+    assert (
+        service["prefect"] in status.stdout
+        and service["mlflow"] in status.stdout
+        and "READY" in status.stdout
+    )
 
     with temporary_settings({PREFECT_API_URL: f"{service['prefect']}/api"}):
-        run_deployment("pipeline/steprl", timeout=0, parameters={
-            "experiment_name": "interrupted", "targets": ["base_model"], "overrides": ["prepare.n_train=39"]})
+        run_deployment(
+            "pipeline/steprl",
+            timeout=0,
+            parameters={
+                "experiment_name": "interrupted",
+                "targets": ["base_model"],
+                "overrides": ["prepare.n_train=39"],
+            },
+        )
     supervisor = psutil.Process(proc.pid)
     t0 = time.monotonic()
-    while not any("interrupted" in " ".join(p.cmdline()) for p in supervisor.children(recursive=True)
-                  if p.is_running()):
+    while not any(
+        "interrupted" in " ".join(p.cmdline()) for p in supervisor.children(recursive=True) if p.is_running()
+    ):
         assert time.monotonic() - t0 < 300, "the second run's `dvc exp run` never started"
         time.sleep(0.5)
     time.sleep(5)  # let it get into a stage
@@ -218,8 +289,15 @@ def test_workspace_baseline_runs_the_workspace_as_it_is_in_a_temp_dir(service, s
 
     ws = service["ws"]
     before = (ws / "params.yaml").read_text()
-    result = run_experiment(ws, ["prepare.n_train=41"], "ws-temp", baseline="workspace", targets=["prepare"],
-                            env=_env(ws), on_line=lambda line: None)
+    result = run_experiment(
+        ws,
+        ["prepare.n_train=41"],
+        "ws-temp",
+        baseline="workspace",
+        targets=["prepare"],
+        env=_env(ws),
+        on_line=lambda line: None,
+    )
     row = _exp_rows(ws)["ws-temp"]
     assert (row["prepare.n_train"], row["prepare.n_val"]) == ("41", "9")  # the uncommitted 9 is included
     assert (ws / "params.yaml").read_text() == before

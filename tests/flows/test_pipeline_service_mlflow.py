@@ -59,11 +59,18 @@ def server(tmp_path_factory):
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-               STEPRL_MLFLOW_PORT=str(port))
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", STEPRL_MLFLOW_PORT=str(port)
+    )
     t0 = time.monotonic()
-    proc = subprocess.Popen(["sh", str(store / "server.sh")], env=env, cwd=root, start_new_session=True,
-                            stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["sh", str(store / "server.sh")],
+        env=env,
+        cwd=root,
+        start_new_session=True,
+        stdout=open(root / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     while not answers(f"{url}/health"):
         assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
@@ -79,11 +86,15 @@ def server(tmp_path_factory):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     time.sleep(0.5)
-    assert not [p for p in group if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        p for p in group if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -95,8 +106,11 @@ def _get(url: str) -> dict:
 
 def test_server_listens_on_loopback_only(server):
     pids = {server["proc"].pid, *(p.pid for p in psutil.Process(server["proc"].pid).children(recursive=True))}
-    listening = [c for c in psutil.net_connections(kind="tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == server["port"]]
+    listening = [
+        c
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == server["port"]
+    ]
     assert listening, "nothing listens on the server's port"
     assert {c.laddr.ip for c in listening} == {"127.0.0.1"}
     assert {c.pid for c in listening if c.pid} <= pids
@@ -106,7 +120,9 @@ def test_server_lists_runs_logged_before_it_started_with_their_artifacts(server)
     exps = _post(f"{server['url']}/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
     calc = next(e for e in exps if e["name"] == "calc")
     assert calc["artifact_location"] == (server["store"] / "artifacts").as_uri()
-    runs = _post(f"{server['url']}/api/2.0/mlflow/runs/search", {"experiment_ids": [calc["experiment_id"]]})["runs"]
+    runs = _post(f"{server['url']}/api/2.0/mlflow/runs/search", {"experiment_ids": [calc["experiment_id"]]})[
+        "runs"
+    ]
     before = next(r for r in runs if r["info"]["run_id"] == server["before"])
     assert before["info"]["run_name"] == "before-server" and before["info"]["status"] == "FINISHED"
     assert {"key": "sft.steps", "value": "2"} in before["data"]["params"]
@@ -120,8 +136,21 @@ def test_two_concurrent_loggers_through_the_server_lose_nothing(server):
     n = 100
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     procs = [
-        subprocess.Popen([sys.executable, str(server["root"] / "logger.py"), server["url"], "concurrent", name, str(n), str(REPO)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(server["root"] / "logger.py"),
+                server["url"],
+                "concurrent",
+                name,
+                str(n),
+                str(REPO),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for name in ("scheduled", "user")
     ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -132,13 +161,19 @@ def test_two_concurrent_loggers_through_the_server_lose_nothing(server):
     exp = next(e for e in exps if e["name"] == "concurrent")
     # created through the server: artifacts under mlflow/artifacts, as without a server
     assert exp["artifact_location"].startswith((server["store"] / "artifacts").as_uri())
-    runs = _post(f"{server['url']}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
+    runs = _post(f"{server['url']}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]]})[
+        "runs"
+    ]
     assert sorted(r["info"]["run_name"] for r in runs) == ["scheduled", "user"]
     for r in runs:
         rid, name = r["info"]["run_id"], r["info"]["run_name"]
         params = {p["key"]: p["value"] for p in r["data"]["params"]}
         assert params == {f"p{i}": f"{name}-{i}" for i in range(30)}
-        history = _get(f"{server['url']}/api/2.0/mlflow/metrics/get-history?run_id={rid}&metric_key=x&max_results=1000")
-        assert sorted((m["step"], m["value"]) for m in history["metrics"]) == [(s, float(s)) for s in range(n)]
+        history = _get(
+            f"{server['url']}/api/2.0/mlflow/metrics/get-history?run_id={rid}&metric_key=x&max_results=1000"
+        )
+        assert sorted((m["step"], m["value"]) for m in history["metrics"]) == [
+            (s, float(s)) for s in range(n)
+        ]
         art = Path(r["info"]["artifact_uri"].removeprefix("file://")) / f"{name}.txt"
         assert art.read_text() == name and str(server["store"] / "artifacts") in str(art)

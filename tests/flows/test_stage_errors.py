@@ -15,7 +15,16 @@ import yaml
 from tests.flows.workspace import make_workspace, run
 
 # Everything a stage may write; none of it may exist after a stage that refused its input.
-OUTPUTS = ("data/processed", "models", "metrics", "plots", "runs", "reports", "mlflow/mlflow.db", "mlflow/artifacts")
+OUTPUTS = (
+    "data/processed",
+    "models",
+    "metrics",
+    "plots",
+    "runs",
+    "reports",
+    "mlflow/mlflow.db",
+    "mlflow/artifacts",
+)
 
 
 @pytest.fixture(scope="module")

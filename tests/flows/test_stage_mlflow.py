@@ -3,9 +3,9 @@ another process creates it at the same moment."""
 
 from __future__ import annotations
 
-import mlflow
 import pytest
 
+import mlflow
 from flows._stage import ensure_experiment
 
 

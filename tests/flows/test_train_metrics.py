@@ -10,24 +10,47 @@ from components.agent.loop import episode_metrics
 from flows.train_metrics import iteration_metrics
 
 
-def _row(traj: str, step: int, *, calls: int = 0, valid: int | None = None, reward: float = 0.0,
-         correct: bool = False, done: bool = False, truncated: bool = False, fmt: bool = False) -> dict:
+def _row(
+    traj: str,
+    step: int,
+    *,
+    calls: int = 0,
+    valid: int | None = None,
+    reward: float = 0.0,
+    correct: bool = False,
+    done: bool = False,
+    truncated: bool = False,
+    fmt: bool = False,
+) -> dict:
     return {
-        "traj_id": traj, "group_id": traj[0], "step": step, "prompt_ids": [1] * (10 + step), "response_ids": [2] * 4,
-        "reward": reward, "done": done, "truncated": truncated, "correct": correct, "format_error": fmt,
-        "n_calls": calls, "n_valid_calls": calls if valid is None else valid,
-        "advantages": [0.5] * 4, "returns": [reward] * 4,
+        "traj_id": traj,
+        "group_id": traj[0],
+        "step": step,
+        "prompt_ids": [1] * (10 + step),
+        "response_ids": [2] * 4,
+        "reward": reward,
+        "done": done,
+        "truncated": truncated,
+        "correct": correct,
+        "format_error": fmt,
+        "n_calls": calls,
+        "n_valid_calls": calls if valid is None else valid,
+        "advantages": [0.5] * 4,
+        "returns": [reward] * 4,
     }
 
 
 def _batch() -> list[dict]:
     return [
         # 2 calls then a correct answer
-        _row("a0", 0, calls=1), _row("a0", 1, calls=1), _row("a0", 2, reward=1.0, correct=True, done=True),
+        _row("a0", 0, calls=1),
+        _row("a0", 1, calls=1),
+        _row("a0", 2, reward=1.0, correct=True, done=True),
         # an answer at step 0, without a tool
         _row("b0", 0, done=True),
         # a call, then a response cut at max_response_len
-        _row("c0", 0, calls=2, valid=1, fmt=True), _row("c0", 1, done=True, truncated=True, fmt=True),
+        _row("c0", 0, calls=2, valid=1, fmt=True),
+        _row("c0", 1, done=True, truncated=True, fmt=True),
     ]
 
 
@@ -46,12 +69,18 @@ def test_tool_use_metrics_by_hand() -> None:
     # a truncated episode without any call is not an answer without a tool
     cut_only = [_row("d0", 0, done=True, truncated=True, fmt=True)]
     assert iteration_metrics(pl.DataFrame(cut_only), {})["tool_calls/answer_without_tool_rate"] == 0.0
-    assert iteration_metrics(pl.DataFrame([_row("b0", 0, done=True)]), {})["tool_calls/answer_without_tool_rate"] == 1.0
+    assert (
+        iteration_metrics(pl.DataFrame([_row("b0", 0, done=True)]), {})["tool_calls/answer_without_tool_rate"]
+        == 1.0
+    )
 
 
 def test_same_numbers_as_the_evaluation() -> None:
-    rows = _batch() + [_row("e0", 0, calls=3), _row("e0", 1, calls=1, done=True, truncated=True),
-                       _row("f0", 0, done=True, fmt=True)]
+    rows = _batch() + [
+        _row("e0", 0, calls=3),
+        _row("e0", 1, calls=1, done=True, truncated=True),
+        _row("f0", 0, done=True, fmt=True),
+    ]
     it = iteration_metrics(pl.DataFrame(rows), {})
     ev = episode_metrics(rows)
     for train_key, eval_key in [

@@ -22,8 +22,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 ALGO, SEED = "ppo", 0
 NAME = f"{ALGO}-s{SEED}"  # the run's name: runs/<NAME>/, MLflow run <NAME>
-TRAIN = {"train": {"iterations": 3, "trajectories_per_iteration": 8, "mini_batch_size": 8,
-                   "micro_batch_size": 4, "val_samples": 4, "val_every": 10}}
+TRAIN = {
+    "train": {
+        "iterations": 3,
+        "trajectories_per_iteration": 8,
+        "mini_batch_size": 8,
+        "micro_batch_size": 4,
+        "val_samples": 4,
+        "val_every": 10,
+    }
+}
 
 
 def _prepared(root):
@@ -34,15 +42,23 @@ def _prepared(root):
 
 
 def _train(ws, **kw):
-    return run(["python", "-m", "flows.train", "--algo", ALGO, "--rl-seed", str(SEED)], ws, timeout=1200, **kw)
+    return run(
+        ["python", "-m", "flows.train", "--algo", ALGO, "--rl-seed", str(SEED)], ws, timeout=1200, **kw
+    )
 
 
 def test_kill_mid_iteration_then_resume(tmp_path):
     ws = _prepared(tmp_path / "a")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update(PATH=f"{BIN}{os.pathsep}{env['PATH']}", PYTHONPATH=str(ws))
-    proc = subprocess.Popen(["python", "-m", "flows.train", "--algo", ALGO, "--rl-seed", str(SEED)], cwd=ws, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["python", "-m", "flows.train", "--algo", ALGO, "--rl-seed", str(SEED)],
+        cwd=ws,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     target = ws / "runs" / NAME / "iter_0001" / "batch.parquet"
     deadline = time.time() + 900
     while not target.exists() and proc.poll() is None and time.time() < deadline:
@@ -58,15 +74,22 @@ def test_kill_mid_iteration_then_resume(tmp_path):
     assert f"{NAME}: resuming after iteration 0" in log
     assert first.stat().st_mtime_ns == before, "a finished iteration was recomputed"
     for name in ("rollout", "score", "advantage"):
-        assert any(line for line in log.splitlines() if f"Task run '{name}-" in line and "Cached" in line), name
+        assert any(line for line in log.splitlines() if f"Task run '{name}-" in line and "Cached" in line), (
+            name
+        )
     for k in range(3):
         assert (ws / "runs" / NAME / f"iter_{k:04d}" / "done.json").is_file()
 
     con = sqlite3.connect(ws / "mlflow" / "mlflow.db")
     runs = con.execute("select run_uuid from runs where name = ?", (NAME,)).fetchall()
     assert len(runs) == 1, "the resumed run must continue the same MLflow run"
-    steps = [s for (s,) in con.execute(
-        "select step from metrics where run_uuid = ? and key = 'timing_s/iteration' order by step", runs[0])]
+    steps = [
+        s
+        for (s,) in con.execute(
+            "select step from metrics where run_uuid = ? and key = 'timing_s/iteration' order by step",
+            runs[0],
+        )
+    ]
     assert steps == [0, 1, 2], steps
 
     # The same run without the crash ends with the same last iteration.

@@ -16,13 +16,25 @@ BIN = Path(sys.executable).parent
 # A very small but complete configuration of every stage (seconds per stage, not minutes).
 TINY = {
     "prepare": {"n_train": 64, "n_val": 8, "n_test": 8},
-    "model": {"vocab_size": 400, "hidden_size": 64, "intermediate_size": 128, "num_layers": 1,
-              "num_heads": 2, "num_kv_heads": 1},
+    "model": {
+        "vocab_size": 400,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_layers": 1,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+    },
     "sft": {"steps": 4, "batch_size": 8, "micro_batch_size": 4, "warmup_steps": 1, "rows": 32},
     "rollout": {"max_steps": 3, "max_response_len": 48},
     "evaluate": {"max_samples": 8},
-    "train": {"iterations": 2, "trajectories_per_iteration": 8, "mini_batch_size": 8, "micro_batch_size": 4,
-              "val_samples": 4, "val_every": 1},
+    "train": {
+        "iterations": 2,
+        "trajectories_per_iteration": 8,
+        "mini_batch_size": 8,
+        "micro_batch_size": 4,
+        "val_samples": 4,
+        "val_every": 1,
+    },
     "algorithms": {
         "grpo": {"preset": "grpo", "samples_per_prompt": 2},
         "ppo": {"preset": "ppo", "samples_per_prompt": 1},
@@ -36,7 +48,10 @@ TINY = {
 def _source_files() -> list[str]:
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split("\n")
     return [f for f in out if f and (REPO / f).is_file()]
 
@@ -70,5 +85,7 @@ def run(cmd: list[str], cwd: Path, timeout: float = 900, check: bool = True) -> 
     env["PYTHONPATH"] = str(cwd)  # the workspace's code, not the developer's editable install
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc

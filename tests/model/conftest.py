@@ -31,14 +31,22 @@ def calc_conversation() -> list[dict]:
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "5 * 12"}}}],
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": {"expression": "5 * 12"}},
+                }
+            ],
         },
         {"role": "tool", "name": "calculator", "content": "60"},
         {
             "role": "assistant",
             "content": "",
             "tool_calls": [
-                {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "60 + 37"}'}}
+                {
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "60 + 37"}'},
+                }
             ],
         },
         {"role": "tool", "name": "calculator", "content": "97"},
@@ -52,7 +60,9 @@ def _corpus(n: int = 300) -> list[str]:
     for _ in range(n):
         a, b, c = rng.randint(2, 999), rng.randint(2, 99), rng.randint(2, 99)
         texts.append(f"What is {a} * {b} + {c}? The calculator says {a * b} and then {a * b + c}.")
-        texts.append(f"<|im_start|>user\nCompute {a} - {b}<|im_end|>\n<|im_start|>assistant\n<answer>{a - b}</answer><|im_end|>\n")
+        texts.append(
+            f"<|im_start|>user\nCompute {a} - {b}<|im_end|>\n<|im_start|>assistant\n<answer>{a - b}</answer><|im_end|>\n"
+        )
     return texts
 
 

@@ -72,7 +72,7 @@ def test_labels_cover_exactly_the_assistant_turns(tok, calc_tool, calc_messages)
 
 def test_unicode_and_leading_space_content(tok):
     messages = [{"role": "user", "content": "say it"}, {"role": "assistant", "content": " ünï 12 😀"}]
-    ids, labels = encode_conversation(tok, messages, None, max_len=256)
+    _, labels = encode_conversation(tok, messages, None, max_len=256)
     assert _labelled_runs(tok, torch.tensor(labels)) == [" ünï 12 😀<|im_end|>"]
 
 
@@ -81,7 +81,9 @@ def test_masking_is_template_agnostic(tok, calc_tool, calc_messages, template_na
     template = {"qwen25": QWEN25_TEMPLATE, "llama3_like": LLAMA3_LIKE_TEMPLATE}[template_name]
     other = _with_template(tok, template)
     messages = copy.deepcopy(calc_messages)
-    messages[4]["tool_calls"][0]["function"]["arguments"] = {"expression": "60 + 37"}  # Qwen2.5 tojson's strings
+    messages[4]["tool_calls"][0]["function"]["arguments"] = {
+        "expression": "60 + 37"
+    }  # Qwen2.5 tojson's strings
     if template_name == "qwen25":
         expected = [CALL_1, CALL_2, ANSWER]
     else:  # this template renders content only (no tool calls), so give the calls some content
@@ -174,11 +176,18 @@ def test_loss_ignores_masked_positions(tok, calc_tool, calc_messages):
     batch = collate([(ids, labels)], pad_id=tok.pad_token_id)
     logits = torch.randn(1, len(ids), len(tok), generator=torch.Generator().manual_seed(0))  # (B, T, V)
     lab = batch["labels"][:, 1:]  # (B, T-1)
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), lab.flatten(), ignore_index=IGNORE_INDEX)
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1), lab.flatten(), ignore_index=IGNORE_INDEX
+    )
     n = int((lab != IGNORE_INDEX).sum())
-    manual = -sum(
-        torch.log_softmax(logits[0, t - 1], -1)[labels[t]] for t in range(1, len(ids)) if labels[t] != IGNORE_INDEX
-    ) / n
+    manual = (
+        -sum(
+            torch.log_softmax(logits[0, t - 1], -1)[labels[t]]
+            for t in range(1, len(ids))
+            if labels[t] != IGNORE_INDEX
+        )
+        / n
+    )
     assert torch.allclose(loss, manual, atol=1e-5)
     n_expected = sum(len(tok.encode(s, add_special_tokens=False)) for s in (CALL_1, CALL_2, ANSWER))
     assert n == n_expected

@@ -44,9 +44,13 @@ def _state_equal(a, b) -> bool:
 def test_build_shapes_ids_and_tied_embeddings(tok, model):
     cfg = model.config
     assert cfg.model_type == "qwen3" and cfg.vocab_size == len(tok)
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (
-        32, 2, 2, 1, 16
-    )
+    assert (
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    ) == (32, 2, 2, 1, 16)
     assert cfg.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert cfg.eos_token_id == im_end and model.generation_config.eos_token_id == im_end
@@ -198,21 +202,27 @@ def test_foreign_hf_dirs(tok, model, tmp_path):
     tok.save_pretrained(no_tok)
     config = json.loads((no_tok / "config.json").read_text())
     (no_tok / "config.json").write_text(json.dumps({**config, "vocab_size": len(tok) - 1}))
-    with pytest.raises(CheckpointError, match=f"{no_tok}: tokenizer has {len(tok)} tokens but the model embeds only"):
+    with pytest.raises(
+        CheckpointError, match=f"{no_tok}: tokenizer has {len(tok)} tokens but the model embeds only"
+    ):
         load_hf(no_tok, require_marker=False)
     # a sharded checkpoint with a shard missing is incomplete
     sharded = tmp_path / "sharded"
     sharded.mkdir()
     (sharded / "config.json").write_text(model.config.to_json_string())
     (sharded / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+        json.dumps(
+            {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+        )
     )
     (sharded / "model-00001-of-00002.safetensors").write_bytes(b"x")
     with pytest.raises(CheckpointError, match=r"shards missing: \['model-00002-of-00002.safetensors'\]"):
         load_hf(sharded, require_marker=False)
     # a vision encoder is not a causal LM
     vit = tmp_path / "vit"
-    ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=1, intermediate_size=16).save_pretrained(vit)
+    ViTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=1, intermediate_size=16
+    ).save_pretrained(vit)
     (vit / "model.safetensors").write_bytes(b"")
     with pytest.raises(CheckpointError, match=f"{vit}: model_type='vit' is not a causal LM"):
         load_hf(vit, require_marker=False)

@@ -171,7 +171,9 @@ def test_chat_template_consecutive_tools_share_one_turn_and_content_before_calls
         {"role": "tool", "name": "calculator", "content": "2"},
         {"role": "tool", "name": "lookup", "content": "found"},
     ]
-    text = tok.apply_chat_template(messages, tools=[calc_tool, tool2], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        messages, tools=[calc_tool, tool2], tokenize=False, add_generation_prompt=True
+    )
     assert text == (
         "<|im_start|>system\n"
         "# Tools\n"
@@ -215,7 +217,9 @@ def test_save_and_reload_identical(tok, tmp_path, calc_tool, calc_messages):
     for text in ROUND_TRIP + [EXPECTED_WITH_TOOLS]:
         assert _ids(again, text) == _ids(tok, text), repr(text)
     render = dict(tools=[calc_tool], tokenize=False, add_generation_prompt=True)
-    assert again.apply_chat_template(calc_messages, **render) == tok.apply_chat_template(calc_messages, **render)
+    assert again.apply_chat_template(calc_messages, **render) == tok.apply_chat_template(
+        calc_messages, **render
+    )
     assert (again.eos_token_id, again.pad_token_id, again.bos_token_id) == (
         tok.eos_token_id,
         tok.pad_token_id,

@@ -59,7 +59,9 @@ def test_vllm_greedy_matches_transformers(tok, served, calc_tool, calc_messages)
         SamplingParams(temperature=0, max_tokens=MAX_NEW, detokenize=False, logprobs=0),
     )
     got = [list(r.outputs[0].token_ids) for r in results]
-    got_logprobs = [[d[t].logprob for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)] for r in results]
+    got_logprobs = [
+        [d[t].logprob for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)] for r in results
+    ]
     assert sum(len(set(g)) for g in got) > 2 * len(got), f"degenerate outputs, weak comparison: {got}"
 
     model, _ = load_hf(out)

@@ -26,8 +26,17 @@ def _noisy(model, scale: float, seed: int) -> None:
 def setup(tmp_path_factory):
     corpus = [f"<|im_start|>user\nadd {a} and {a * 7}<|im_end|>\n" for a in range(300)]
     tok = build_tokenizer(corpus, vocab_size=400)
-    model = build_tiny_model(tok, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
-                             num_kv_heads=1, head_dim=32, max_position_embeddings=256, seed=0)
+    model = build_tiny_model(
+        tok,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        seed=0,
+    )
     _noisy(model, 0.1, 0)
     path = save_hf(model, tok, tmp_path_factory.mktemp("sync") / "m")
     engine = make_engine("vllm", str(path), stop_token_ids=[tok.eos_token_id], max_model_len=256, seed=0)
@@ -37,8 +46,9 @@ def setup(tmp_path_factory):
 
 def _max_diff(tok, model, engine, seed: int) -> tuple[float, int]:
     prompts = [tok.encode(f"add {a} and") for a in (3, 17, 42, 99, 123, 250)]
-    gens = engine.generate(prompts, SamplingConfig(max_tokens=24, temperature=1.0),
-                           seeds=[seed + i for i in range(len(prompts))])
+    gens = engine.generate(
+        prompts, SamplingConfig(max_tokens=24, temperature=1.0), seeds=[seed + i for i in range(len(prompts))]
+    )
     responses = [g[0].token_ids for g in gens]
     batch = make_token_batch(prompts, responses, pad_id=tok.pad_token_id)
     with torch.no_grad():
@@ -62,7 +72,9 @@ def test_logprobs_match_trainer_before_and_after_sync(setup):
 
     engine.sync_weights(model.state_dict())
     after, _ = _max_diff(tok, model, engine, seed=2)
-    print(f"max |logp_vllm - logp_trainer|: before sync {before:.2e}, stale {stale:.2e}, after sync {after:.2e}")
+    print(
+        f"max |logp_vllm - logp_trainer|: before sync {before:.2e}, stale {stale:.2e}, after sync {after:.2e}"
+    )
     assert after <= TOL, f"after sync: max |dlogp| = {after:.2e}"
 
 

@@ -53,8 +53,15 @@ def test_exact_arithmetic_is_a_fraction():
 
 @pytest.mark.parametrize(
     "value, text",
-    [(Fraction(60), "60"), (60.0, "60"), (Fraction(-7, 2), "-3.5"), (Fraction(1, 10**9), "0"), (Fraction(-1, 10**9), "0"),
-     (Fraction(1, 8), "0.125"), (Fraction(10**14) + Fraction(1, 2), "100000000000000.5")],
+    [
+        (Fraction(60), "60"),
+        (60.0, "60"),
+        (Fraction(-7, 2), "-3.5"),
+        (Fraction(1, 10**9), "0"),
+        (Fraction(-1, 10**9), "0"),
+        (Fraction(1, 8), "0.125"),
+        (Fraction(10**14) + Fraction(1, 2), "100000000000000.5"),
+    ],
 )
 def test_format_number(value, text):
     assert format_number(value) == text

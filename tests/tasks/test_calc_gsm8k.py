@@ -27,11 +27,21 @@ def test_jsonl_fixture():
     assert set(df["split"]) == {"train"}
     first = json.loads(df["expert"][0])
     assert first == [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "48/2"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "48/2"}}}
+            ],
+        },
         {"role": "tool", "name": "calculator", "content": "24"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "48+24"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "48+24"}}}
+            ],
+        },
         {"role": "tool", "name": "calculator", "content": "72"},
         {"role": "assistant", "content": "<answer>72</answer>"},
     ]
@@ -66,8 +76,14 @@ GOOD = {"question": "What is 2 + 3?", "answer": "2+3 = <<2+3=5>>5\n#### 5"}
 @pytest.mark.parametrize(
     "bad_row, message",
     [
-        ({"question": "Q?", "answer": "It is 5."}, "row 3: column 'answer' has no '#### <number>' final answer"),
-        ({"question": "Q?", "answer": "#### five"}, "row 3: column 'answer' has no '#### <number>' final answer"),
+        (
+            {"question": "Q?", "answer": "It is 5."},
+            "row 3: column 'answer' has no '#### <number>' final answer",
+        ),
+        (
+            {"question": "Q?", "answer": "#### five"},
+            "row 3: column 'answer' has no '#### <number>' final answer",
+        ),
         ({"question": "", "answer": "#### 5"}, "row 3: column 'question' is not a non-empty string"),
         ({"answer": "#### 5"}, "row 3: column 'question' is missing"),
         ({"question": "Q?"}, "row 3: column 'answer' is missing"),
@@ -101,7 +117,9 @@ def test_broken_parquet(tmp_path):
 
 
 def test_unsupported_and_missing_files(tmp_path):
-    with pytest.raises(ValueError, match=r"unsupported file type '.csv'; supported: \['.jsonl', '.ndjson', '.parquet'\]"):
+    with pytest.raises(
+        ValueError, match=r"unsupported file type '.csv'; supported: \['.jsonl', '.ndjson', '.parquet'\]"
+    ):
         load_gsm8k(tmp_path / "x.csv")
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_gsm8k(tmp_path / "x.jsonl")
@@ -126,10 +144,14 @@ def test_parse_gsm8k_answer(answer, expected):
 
 
 def test_refused_annotation_is_left_out(tmp_path):
-    path = write_jsonl(tmp_path / "odd.jsonl", [{"question": "Q?", "answer": "<<x*2=4>> <<1/0=0>> <<2*2=4>>\n#### 4"}])
+    path = write_jsonl(
+        tmp_path / "odd.jsonl", [{"question": "Q?", "answer": "<<x*2=4>> <<1/0=0>> <<2*2=4>>\n#### 4"}]
+    )
     (row,) = load_gsm8k(path).iter_rows(named=True)
     expert = json.loads(row["expert"])
-    assert row["n_calls"] == 1 and expert[0]["tool_calls"][0]["function"]["arguments"] == {"expression": "2*2"}
+    assert row["n_calls"] == 1 and expert[0]["tool_calls"][0]["function"]["arguments"] == {
+        "expression": "2*2"
+    }
 
 
 def test_load_splits_is_deterministic_and_disjoint():

@@ -20,7 +20,11 @@ def test_weak_demo_by_hand():
     lines = weak["content"].split("\n")
     assert weak["role"] == "assistant" and "tool_calls" not in weak and len(lines) == 3
     a, op, b, eq, r1 = lines[0].split()
-    assert eq == "=" and int(r1) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b), "/": int(a) // int(b)}[op]
+    assert (
+        eq == "="
+        and int(r1)
+        == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b), "/": int(a) // int(b)}[op]
+    )
     assert lines[0].startswith(short.question.split()[2] + " ")  # the first number of the question
     assert lines[1].startswith(r1 + " ") and lines[2] == f"<answer>{short.answer}</answer>"
     assert weak_messages(long, 2) is None
@@ -61,17 +65,23 @@ def test_weak_demo_answers_right_in_the_env_without_a_tool_call():
         assert step.done and step.reward == 1.0 and step.info.get("n_calls", 0) == 0
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(weak_max_calls=-1), "weak_max_calls"),
-    (dict(weak_max_calls=1, weak_per_question=-1.0), "weak_per_question"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(weak_max_calls=-1), "weak_max_calls"),
+        (dict(weak_max_calls=1, weak_per_question=-1.0), "weak_per_question"),
+    ],
+)
 def test_bad_weak_params_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
         generate_splits(seed=0, **KW, **kw)
 
 
 def test_bad_weak_column_is_named():
-    row = {"id": "r1", "expert": json.dumps([{"role": "assistant", "content": "<answer>1</answer>"}]),
-           "weak": json.dumps({"not": "a list"})}
+    row = {
+        "id": "r1",
+        "expert": json.dumps([{"role": "assistant", "content": "<answer>1</answer>"}]),
+        "weak": json.dumps({"not": "a list"}),
+    }
     with pytest.raises(ValueError, match="r1.*'weak'"):
         demonstrations(row)

@@ -8,9 +8,24 @@ import pytest
 
 from components.train.rl_session import RLSession, SessionConfig
 
-CFG = SessionConfig(critic=None, use_ref=False, actor_lr=1e-4, critic_lr=1e-3, zero_stage=0, dtype="fp32",
-                    grad_clip=1.0, warmup_steps=0, adam_eps=1e-8, micro_batch_size=4, rollout_engine="hf",
-                    rollout_dtype="float32", max_model_len=64, kv_cache_gib=0.1, seed=0, old_logprobs="rollout")
+CFG = SessionConfig(
+    critic=None,
+    use_ref=False,
+    actor_lr=1e-4,
+    critic_lr=1e-3,
+    zero_stage=0,
+    dtype="fp32",
+    grad_clip=1.0,
+    warmup_steps=0,
+    adam_eps=1e-8,
+    micro_batch_size=4,
+    rollout_engine="hf",
+    rollout_dtype="float32",
+    max_model_len=64,
+    kv_cache_gib=0.1,
+    seed=0,
+    old_logprobs="rollout",
+)
 
 
 class _NoForward:
@@ -25,8 +40,16 @@ def _session(cfg: SessionConfig) -> RLSession:
 
 
 def test_rollout_logprobs_become_old_logprobs_without_a_forward():
-    rows = [{"traj_id": "a", "step": 0, "prompt_ids": [1, 2], "response_ids": [3, 4], "response_logprobs": [-0.5, -1.25]},
-            {"traj_id": "b", "step": 0, "prompt_ids": [1], "response_ids": [5], "response_logprobs": [-2.0]}]
+    rows = [
+        {
+            "traj_id": "a",
+            "step": 0,
+            "prompt_ids": [1, 2],
+            "response_ids": [3, 4],
+            "response_logprobs": [-0.5, -1.25],
+        },
+        {"traj_id": "b", "step": 0, "prompt_ids": [1], "response_ids": [5], "response_logprobs": [-2.0]},
+    ]
     out = _session(CFG).annotate(rows)
     assert [r["old_logprobs"] for r in out] == [[-0.5, -1.25], [-2.0]]
     assert all(r["ref_logprobs"] is None and r["values"] is None for r in out)

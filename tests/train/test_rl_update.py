@@ -24,7 +24,9 @@ def _trajectories(n_traj: int, seed: int = 0) -> list[dict]:
         prompt = [1] + [rng.randrange(4, VOCAB) for _ in range(rng.randint(3, 8))]
         for step in range(rng.randint(1, 3)):
             response = [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 5))]
-            rows.append({"traj_id": f"t{t}", "step": step, "prompt_ids": list(prompt), "response_ids": response})
+            rows.append(
+                {"traj_id": f"t{t}", "step": step, "prompt_ids": list(prompt), "response_ids": response}
+            )
             prompt = prompt + response + [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 3))]
     rng.shuffle(rows)
     return rows
@@ -73,7 +75,9 @@ def build_critic_from(model: torch.nn.Module) -> torch.nn.Module:
 
 @pytest.mark.parametrize("size,micro", [(4, 2), (7, 3), (100, 100), (1, 1)])
 def test_mini_batches_keep_groups_and_trajectories_whole_and_use_every_row_once_per_epoch(size, micro):
-    rows = [{**r, "group_id": f"g{int(r['traj_id'][1:]) // 2}"} for r in _trajectories(10, seed=1)]  # 2 per prompt
+    rows = [
+        {**r, "group_id": f"g{int(r['traj_id'][1:]) // 2}"} for r in _trajectories(10, seed=1)
+    ]  # 2 per prompt
     traj = [r["traj_id"] for r in rows]
     group = [r["group_id"] for r in rows]
     plan = _mini_batches(rows, size, micro, epochs=2, seed=0)
@@ -99,12 +103,35 @@ def test_trajectory_chunks_cover_rows_once():
 
 def _update(rows: list[dict], micro: int, **kw) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The actor after one actor_update over ``rows`` (one optimizer step), and the gradient it took."""
-    engine = build_engine(tiny_model(), lr=1e-2, weight_decay=0.0, zero_stage=0, dtype="fp32", grad_clip=1e9,
-                          micro_batch_size=micro, grad_accum_steps=1, warmup_steps=0, total_steps=10,
-                          lr_schedule="constant")
-    base = dict(pad_id=0, policy_loss="ppo", loss_agg="token-mean", clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0,
-                kl_coef=0.0, kl_kind="low_var_kl", entropy_coef=0.0, epochs=1, mini_batch_size=len(rows),
-                micro_batch_size=micro, norm_const=8.0, seed=0)
+    engine = build_engine(
+        tiny_model(),
+        lr=1e-2,
+        weight_decay=0.0,
+        zero_stage=0,
+        dtype="fp32",
+        grad_clip=1e9,
+        micro_batch_size=micro,
+        grad_accum_steps=1,
+        warmup_steps=0,
+        total_steps=10,
+        lr_schedule="constant",
+    )
+    base = dict(
+        pad_id=0,
+        policy_loss="ppo",
+        loss_agg="token-mean",
+        clip_low=0.2,
+        clip_high=0.2,
+        clip_ratio_c=3.0,
+        kl_coef=0.0,
+        kl_kind="low_var_kl",
+        entropy_coef=0.0,
+        epochs=1,
+        mini_batch_size=len(rows),
+        micro_batch_size=micro,
+        norm_const=8.0,
+        seed=0,
+    )
     capture = GradCapture(engine)
     actor_update(engine, rows, **{**base, **kw})
     capture.close()
@@ -116,13 +143,21 @@ def _with_old_logprobs(rows: list[dict], advantage_of) -> list[dict]:
     batch = make_token_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id=0)
     with torch.no_grad():
         old, _ = response_logprobs(model, batch)
-    return [{**r, "old_logprobs": old[i, : len(r["response_ids"])].tolist(),
-             "advantages": [advantage_of(r)] * len(r["response_ids"]), "returns": [0.0] * len(r["response_ids"])}
-            for i, r in enumerate(rows)]
+    return [
+        {
+            **r,
+            "old_logprobs": old[i, : len(r["response_ids"])].tolist(),
+            "advantages": [advantage_of(r)] * len(r["response_ids"]),
+            "returns": [0.0] * len(r["response_ids"]),
+        }
+        for i, r in enumerate(rows)
+    ]
 
 
 def test_actor_update_raises_logprob_of_positive_advantage_and_lowers_negative():
-    rows = _with_old_logprobs(_trajectories(8, seed=3), lambda r: 1.0 if int(r["traj_id"][1:]) % 2 == 0 else -1.0)
+    rows = _with_old_logprobs(
+        _trajectories(8, seed=3), lambda r: 1.0 if int(r["traj_id"][1:]) % 2 == 0 else -1.0
+    )
     after = _update(rows, micro=4)[0].eval()
     batch = make_token_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id=0)
     with torch.no_grad():

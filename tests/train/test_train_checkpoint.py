@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import ENGINE_KW, full_weights, random_batch, tiny_model, tiny_tokenizer
 
 from components.train.checkpoint import (
     MARKER_FILE,
@@ -21,7 +22,6 @@ from components.train.checkpoint import (
 )
 from components.train.engine import build_engine
 from components.train.sft import run_sft, split_micro_batches
-from train_helpers import ENGINE_KW, full_weights, random_batch, tiny_model, tiny_tokenizer
 
 PROBE = torch.tensor([[5, 9, 17, 33, 64, 100, 127, 4]])
 

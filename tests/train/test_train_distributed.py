@@ -13,8 +13,10 @@ from components.train.distributed import DistInfo, _fill_single_process_env, fre
 def test_single_process_world_and_idempotent() -> None:
     first = init_distributed()
     second = init_distributed()
-    assert first == second == DistInfo(
-        rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu")
+    assert (
+        first
+        == second
+        == DistInfo(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
     )
     assert first.is_main
     assert torch.distributed.is_initialized() and torch.distributed.get_world_size() == 1

@@ -8,9 +8,6 @@ from functools import partial
 
 import pytest
 import torch
-
-from components.train.engine import build_engine, lr_factor, make_ds_config, train_step
-from components.train.sft import count_label_tokens, split_micro_batches, sft_loss_fn
 from train_helpers import (
     ENGINE_KW,
     GradCapture,
@@ -21,6 +18,9 @@ from train_helpers import (
     random_batch,
     tiny_model,
 )
+
+from components.train.engine import build_engine, lr_factor, make_ds_config, train_step
+from components.train.sft import count_label_tokens, sft_loss_fn, split_micro_batches
 
 CFG = dict(
     lr=3e-3,

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from train_helpers import ENGINE_KW, assert_weights_match, full_weights, random_batch, tiny_model
 
 from components.train.engine import build_engine
 from components.train.sft import (
@@ -15,7 +16,6 @@ from components.train.sft import (
     split_micro_batches,
     token_nll_sum,
 )
-from train_helpers import ENGINE_KW, assert_weights_match, full_weights, random_batch, tiny_model
 
 
 def test_token_nll_sum_by_hand() -> None:

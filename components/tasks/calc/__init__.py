@@ -32,8 +32,8 @@ RECIPE = register_task(
 
 __all__ = [
     "RECIPE",
-    "CalculatorTool",
     "SYSTEM_PROMPT",
+    "CalculatorTool",
     "calculate",
     "demonstrations",
     "evaluate",

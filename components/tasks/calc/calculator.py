@@ -21,13 +21,14 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
 from components.envs.base import BaseTool, ToolResult
 from components.envs.registry import register_tool
 
-__all__ = ["CalcError", "evaluate", "format_number", "calculate", "CalculatorTool"]
+__all__ = ["CalcError", "CalculatorTool", "calculate", "evaluate", "format_number"]
 
 MAX_EXPRESSION_CHARS = 200
 MAX_ABS = 10**15  # largest magnitude of any number or intermediate result
@@ -49,8 +50,14 @@ _BINOPS: dict[type, tuple[str, Callable[[Fraction, Fraction], Fraction]]] = {
     ast.FloorDiv: ("//", lambda a, b: Fraction(a // b)),
     ast.Mod: ("%", operator.mod),
 }
-_REFUSED_OPS = {ast.BitXor: "^ (use ** for powers)", ast.BitAnd: "&", ast.BitOr: "|",
-                ast.LShift: "<<", ast.RShift: ">>", ast.MatMult: "@"}
+_REFUSED_OPS = {
+    ast.BitXor: "^ (use ** for powers)",
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.MatMult: "@",
+}
 
 
 def format_number(value: Fraction | int | float) -> str:

@@ -8,9 +8,17 @@ table holds this list as JSON; :func:`expert_messages` decodes it.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["call_message", "tool_message", "answer_message", "encode_expert", "expert_messages", "demonstrations"]
+__all__ = [
+    "answer_message",
+    "call_message",
+    "demonstrations",
+    "encode_expert",
+    "expert_messages",
+    "tool_message",
+]
 
 
 def call_message(expression: str) -> dict[str, Any]:

@@ -38,11 +38,27 @@ import polars as pl
 from components.schemas import TaskSchema, validate_table
 from components.tasks.calc.expert import answer_message, call_message, encode_expert, tool_message
 
-__all__ = ["Problem", "generate_problem", "weak_messages", "generate_split", "generate_splits", "SPLITS"]
+__all__ = ["SPLITS", "Problem", "generate_problem", "generate_split", "generate_splits", "weak_messages"]
 
 SPLITS = ("train", "val", "test")
-_NAMES = ("Ava", "Ben", "Cara", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ivy", "Jack", "Kim", "Leo",
-          "Mia", "Noah", "Omar", "Pia")
+_NAMES = (
+    "Ava",
+    "Ben",
+    "Cara",
+    "Dan",
+    "Eva",
+    "Finn",
+    "Gia",
+    "Hugo",
+    "Ivy",
+    "Jack",
+    "Kim",
+    "Leo",
+    "Mia",
+    "Noah",
+    "Omar",
+    "Pia",
+)
 _ITEMS = ("apples", "books", "coins", "pens", "stickers", "marbles", "cards", "shells", "stamps", "eggs")
 _MAX_PRODUCT = 10**12
 _MAX_MISSES = 2000  # this many duplicates in a row: the problem space is (nearly) exhausted
@@ -72,8 +88,10 @@ def weak_messages(problem: Problem, max_calls: int) -> list[dict] | None:
         return None
     calls = problem.expert[:-1:2]  # assistant tool calls, each followed by its tool message
     results = problem.expert[1:-1:2]
-    work = [f"{c['tool_calls'][0]['function']['arguments']['expression']} = {r['content']}"
-            for c, r in zip(calls, results)]
+    work = [
+        f"{c['tool_calls'][0]['function']['arguments']['expression']} = {r['content']}"
+        for c, r in zip(calls, results)
+    ]
     return [{"role": "assistant", "content": "\n".join(work + [f"<answer>{problem.answer}</answer>"])}]
 
 
@@ -94,7 +112,9 @@ def _feasible(value: int, max_operand: int) -> dict[str, tuple[int, int] | list[
 def generate_problem(rng: random.Random, n_calls: int, max_operand: int) -> Problem:
     """One problem with exactly ``n_calls`` calculator calls, drawn from ``rng``."""
     if n_calls < 1 or max_operand < 2:
-        raise ValueError(f"need n_calls >= 1 and max_operand >= 2, got n_calls={n_calls}, max_operand={max_operand}")
+        raise ValueError(
+            f"need n_calls >= 1 and max_operand >= 2, got n_calls={n_calls}, max_operand={max_operand}"
+        )
     who, items = rng.choice(_NAMES), rng.choice(_ITEMS)
     value = rng.randint(1, max_operand)
     sentences = [f"{who} has {value} {items}."]
@@ -123,15 +143,25 @@ def _weak_column(problem: Problem, rng: random.Random, max_calls: int, per_quest
 
 
 def generate_split(
-    split: str, n: int, *, seed: int, min_calls: int, max_calls: int, max_operand: int, taken: set[str],
-    weak_max_calls: int = 0, weak_per_question: float = 0.0,
+    split: str,
+    n: int,
+    *,
+    seed: int,
+    min_calls: int,
+    max_calls: int,
+    max_operand: int,
+    taken: set[str],
+    weak_max_calls: int = 0,
+    weak_per_question: float = 0.0,
 ) -> pl.DataFrame:
     """``n`` problems of one split whose questions are not in ``taken`` (which gains them).
 
     Column ``weak``: JSON list of the weaker demonstrations of the row (see the module docstring), or
     null."""
     if not 1 <= min_calls <= max_calls:
-        raise ValueError(f"need 1 <= min_calls <= max_calls, got min_calls={min_calls}, max_calls={max_calls}")
+        raise ValueError(
+            f"need 1 <= min_calls <= max_calls, got min_calls={min_calls}, max_calls={max_calls}"
+        )
     if weak_max_calls < 0:
         raise ValueError(f"weak_max_calls must be >= 0, got {weak_max_calls}")
     if weak_per_question < 0:
@@ -152,18 +182,38 @@ def generate_split(
         misses = 0
         taken.add(p.question)
         rows.append(
-            {"id": f"calc-{split}-{len(rows):06d}", "question": p.question, "answer": p.answer,
-             "expert": encode_expert(p.expert), "split": split, "n_calls": p.n_calls,
-             "weak": _weak_column(p, weak_rng, weak_max_calls, weak_per_question)}
+            {
+                "id": f"calc-{split}-{len(rows):06d}",
+                "question": p.question,
+                "answer": p.answer,
+                "expert": encode_expert(p.expert),
+                "split": split,
+                "n_calls": p.n_calls,
+                "weak": _weak_column(p, weak_rng, weak_max_calls, weak_per_question),
+            }
         )
-    schema = {"id": pl.String, "question": pl.String, "answer": pl.String, "expert": pl.String,
-              "split": pl.String, "n_calls": pl.Int64, "weak": pl.String}
+    schema = {
+        "id": pl.String,
+        "question": pl.String,
+        "answer": pl.String,
+        "expert": pl.String,
+        "split": pl.String,
+        "n_calls": pl.Int64,
+        "weak": pl.String,
+    }
     return pl.DataFrame(rows, schema=schema)
 
 
 def generate_splits(
-    seed: int, n_train: int, n_val: int, n_test: int, min_calls: int, max_calls: int, max_operand: int,
-    weak_max_calls: int = 0, weak_per_question: float = 0.0,
+    seed: int,
+    n_train: int,
+    n_val: int,
+    n_test: int,
+    min_calls: int,
+    max_calls: int,
+    max_operand: int,
+    weak_max_calls: int = 0,
+    weak_per_question: float = 0.0,
 ) -> dict[str, pl.DataFrame]:
     """``{"train", "val", "test"}`` tables (TaskSchema) with no question shared between them.
 
@@ -175,8 +225,20 @@ def generate_splits(
     taken: set[str] = set()
     out = {}
     for split in ("test", "val", "train"):
-        weak = dict(weak_max_calls=weak_max_calls, weak_per_question=weak_per_question) if split == "train" else {}
-        df = generate_split(split, sizes[split], seed=seed, min_calls=min_calls, max_calls=max_calls,
-                            max_operand=max_operand, taken=taken, **weak)
+        weak = (
+            dict(weak_max_calls=weak_max_calls, weak_per_question=weak_per_question)
+            if split == "train"
+            else {}
+        )
+        df = generate_split(
+            split,
+            sizes[split],
+            seed=seed,
+            min_calls=min_calls,
+            max_calls=max_calls,
+            max_operand=max_operand,
+            taken=taken,
+            **weak,
+        )
         out[split] = validate_table(df, TaskSchema, f"generated calc split {split!r}")
     return {split: out[split] for split in SPLITS}

@@ -31,8 +31,14 @@ __all__ = ["load_gsm8k", "load_splits", "parse_gsm8k_answer"]
 _FINAL = re.compile(r"####\s*(\S+)\s*$")
 _ANNOTATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
-_TASK_DTYPES = {"id": pl.String, "question": pl.String, "answer": pl.String, "expert": pl.String,
-                "split": pl.String, "n_calls": pl.Int64}
+_TASK_DTYPES = {
+    "id": pl.String,
+    "question": pl.String,
+    "answer": pl.String,
+    "expert": pl.String,
+    "split": pl.String,
+    "n_calls": pl.Int64,
+}
 
 
 def parse_gsm8k_answer(answer: str) -> tuple[str, list[str]] | None:
@@ -89,21 +95,33 @@ def load_gsm8k(path: str | Path, *, split: str = "train") -> pl.DataFrame:
         for column in ("question", "answer"):
             value = row.get(column)
             if not isinstance(value, str) or not value.strip():
-                what = "is missing" if value is None else f"is not a non-empty string (got {str(value)[:40]!r})"
+                what = (
+                    "is missing" if value is None else f"is not a non-empty string (got {str(value)[:40]!r})"
+                )
                 raise ValueError(f"{path} row {number}: column {column!r} {what}")
         parsed = parse_gsm8k_answer(row["answer"])
         if parsed is None:
             raise ValueError(f"{path} row {number}: column 'answer' has no '#### <number>' final answer")
         final, expressions = parsed
         messages, n_calls = _expert(expressions, final)
-        out.append({"id": f"{path.stem}-{number:06d}", "question": row["question"].strip(), "answer": final,
-                    "expert": encode_expert(messages), "split": split, "n_calls": n_calls})
+        out.append(
+            {
+                "id": f"{path.stem}-{number:06d}",
+                "question": row["question"].strip(),
+                "answer": final,
+                "expert": encode_expert(messages),
+                "split": split,
+                "n_calls": n_calls,
+            }
+        )
     if not out:
         raise ValueError(f"{path}: no rows")
     return validate_table(pl.DataFrame(out, schema=_TASK_DTYPES), TaskSchema, str(path))
 
 
-def load_splits(path: str | Path, *, seed: int, n_train: int, n_val: int, n_test: int) -> dict[str, pl.DataFrame]:
+def load_splits(
+    path: str | Path, *, seed: int, n_train: int, n_val: int, n_test: int
+) -> dict[str, pl.DataFrame]:
     """Train/val/test tables from one file: unique questions, shuffled by ``seed``, test then val then train.
 
     Test and val get exactly ``n_test`` and ``n_val`` rows; train gets up to ``n_train`` of the rest.
@@ -116,8 +134,11 @@ def load_splits(path: str | Path, *, seed: int, n_train: int, n_val: int, n_test
         )
     order = list(range(df.height))
     random.Random(f"calc-file/{seed}").shuffle(order)
-    bounds = {"test": (0, n_test), "val": (n_test, n_test + n_val),
-              "train": (n_test + n_val, min(df.height, n_test + n_val + n_train))}
+    bounds = {
+        "test": (0, n_test),
+        "val": (n_test, n_test + n_val),
+        "train": (n_test + n_val, min(df.height, n_test + n_val + n_train)),
+    }
     return {
         split: df[order[lo:hi]].with_columns(pl.lit(split).alias("split"))
         for split, (lo, hi) in ((s, bounds[s]) for s in ("train", "val", "test"))

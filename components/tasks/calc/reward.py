@@ -14,7 +14,7 @@ from fractions import Fraction
 
 from components.tasks.calc.calculator import format_number
 
-__all__ = ["parse_answer", "normalize_number", "score"]
+__all__ = ["normalize_number", "parse_answer", "score"]
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
