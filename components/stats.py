@@ -6,18 +6,22 @@ trained with several RL seeds is then a ``(seeds, problems)`` score matrix (:fun
 with the columns in one fixed problem order for every model.
 
 Interval estimates (:func:`mean_interval`, :func:`difference_interval`) are percentile bootstrap
-intervals from ``scipy.stats.bootstrap`` over test problems: a resample draws as many problems as
-there are, with replacement, and each drawn problem carries its scores from every seed (and, for a
-difference, the other model's scores on the same problem: the difference is paired on problems). The
-seeds are not resampled: with a handful of seeds a seed bootstrap says little, so the intervals give
-the uncertainty from the finite test set for these seeds, and the per-seed values show the spread
-between seeds. Every estimate is the mean over seeds and problems (a difference is of those means).
+intervals from ``scipy.stats.bootstrap`` over seeds and test problems, crossed: a resample draws as
+many seeds as there are and, independently, as many problems as there are, each with replacement, and
+its estimate is the mean of the score matrix over the drawn seeds x the drawn problems. So the
+interval carries both sources of uncertainty: which RL seeds were run, and which problems are in the
+finite test set. A difference of two models is paired on problems (one draw of problems serves both)
+with each model's seeds drawn on their own. A model with a single seed contributes no seed
+uncertainty (there is nothing to resample), and with two or three seeds the seed part of a bootstrap
+is coarse: the per-seed values belong next to the intervals. Every estimate is the mean over seeds and
+problems (a difference is of those means).
 
 Pure: no Prefect, no MLflow, no file access.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,9 +43,10 @@ __all__ = [
 
 # What the intervals resample, in words (for reports).
 RESAMPLED = (
-    "test problems (a resample draws as many problems as there are, with replacement; each drawn problem "
-    "carries its results from every seed, and for a difference also the other model's results on the "
-    "same problem); seeds are not resampled"
+    "RL seeds and test problems, crossed (a resample draws as many seeds and, independently, as many "
+    "problems as there are, with replacement, and averages the drawn seeds' results on the drawn problems; "
+    "a difference uses one draw of problems for both models, paired, and draws each model's seeds on its "
+    "own; a model with one seed, such as SFT, has no seed uncertainty)"
 )
 
 
@@ -167,26 +172,55 @@ def _as_matrix(scores: np.ndarray | Sequence, what: str) -> np.ndarray:
     return a
 
 
-def _bootstrap_mean(per_problem: np.ndarray, confidence: float, n_resamples: int, seed: int) -> Estimate:
+def _check(confidence: float, n_resamples: int) -> None:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if n_resamples < 100:
         raise ValueError(f"n_resamples must be >= 100, got {n_resamples}")
-    value = float(per_problem.mean())
-    if np.all(per_problem == per_problem[0]):  # every resample has this mean (scipy would warn, NaN)
+
+
+def _crossed_bootstrap(
+    models: Sequence[np.ndarray], signs: Sequence[float], confidence: float, n_resamples: int, seed: int
+) -> Estimate:
+    """sum_m sign_m * mean(models[m]) with a percentile interval from resampling every model's seeds
+    (rows, independently per model) and the shared problems (columns, one draw for all models)."""
+    _check(confidence, n_resamples)
+    n_problems = models[0].shape[1]
+    value = float(sum(sign * m.mean() for m, sign in zip(models, signs)))
+    resampled = [i for i, m in enumerate(models) if m.shape[0] > 1]  # models with seeds to draw
+
+    def per_problem(seed_draws: Sequence[np.ndarray]) -> np.ndarray:
+        """(batch, problems) signed sum of the models' means over their drawn seeds."""
+        draws = dict(zip(resampled, seed_draws))
+        total = 0.0
+        for i, (m, sign) in enumerate(zip(models, signs)):
+            rows = m[draws[i]].mean(axis=-2) if i in draws else m.mean(axis=0)[None, :]
+            total = total + sign * rows
+        return np.atleast_2d(total)
+
+    def statistic(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+        *seed_draws, problems = (np.atleast_2d(x) for x in samples)
+        table = np.broadcast_to(per_problem(seed_draws), (problems.shape[0], n_problems))
+        return np.take_along_axis(table, problems, axis=1).mean(axis=1)
+
+    samples = [np.arange(models[i].shape[0]) for i in resampled] + [np.arange(n_problems)]
+    with warnings.catch_warnings():  # all resamples equal: scipy warns and gives NaN, handled below
+        warnings.simplefilter("ignore", _scipy_stats.DegenerateDataWarning)
+        res = _scipy_stats.bootstrap(
+            samples,
+            statistic,
+            n_resamples=n_resamples,
+            confidence_level=confidence,
+            method="percentile",
+            paired=False,
+            vectorized=True,
+            batch=500,
+            rng=np.random.default_rng(seed),
+        )
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (np.isfinite(low) and np.isfinite(high)):  # no variation in any resample
         return Estimate(value, value, value, confidence)
-    res = _scipy_stats.bootstrap(
-        (per_problem,),
-        np.mean,
-        n_resamples=n_resamples,
-        confidence_level=confidence,
-        method="percentile",
-        vectorized=True,
-        batch=1000,
-        rng=np.random.default_rng(seed),
-    )
-    ci = res.confidence_interval
-    return Estimate(value, float(ci.low), float(ci.high), confidence)
+    return Estimate(value, low, high, confidence)
 
 
 def mean_interval(
@@ -198,9 +232,8 @@ def mean_interval(
     what: str = "scores",
 ) -> Estimate:
     """Mean of a (seeds, problems) score matrix (or one seed's vector) with its bootstrap interval
-    over problems (each resampled problem keeps all its seeds)."""
-    a = _as_matrix(scores, what)
-    return _bootstrap_mean(a.mean(axis=0), confidence, n_resamples, seed)
+    over seeds and problems, crossed (see the module docstring)."""
+    return _crossed_bootstrap([_as_matrix(scores, what)], [1.0], confidence, n_resamples, seed)
 
 
 def difference_interval(
@@ -213,15 +246,15 @@ def difference_interval(
     what: tuple[str, str] = ("scores", "baseline"),
 ) -> Estimate:
     """Mean of ``scores`` minus mean of ``baseline`` (each a (seeds, problems) matrix or a vector,
-    their seeds may differ in number), paired on problems: the bootstrap resamples problems and each
-    problem contributes its mean over ``scores``' seeds minus its mean over ``baseline``'s."""
+    their seeds may differ in number) with its bootstrap interval: problems are drawn once for both
+    (paired), each model's seeds on their own."""
     a, b = _as_matrix(scores, what[0]), _as_matrix(baseline, what[1])
     if a.shape[1] != b.shape[1]:
         raise ValueError(
             f"{what[0]} has {a.shape[1]} problems but {what[1]} has {b.shape[1]}: a paired "
             "difference needs the same problems in the same order"
         )
-    return _bootstrap_mean(a.mean(axis=0) - b.mean(axis=0), confidence, n_resamples, seed)
+    return _crossed_bootstrap([a, b], [1.0, -1.0], confidence, n_resamples, seed)
 
 
 # --- learning curves ------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ with a 95% bootstrap interval, its difference to SFT with a 95% interval (paired
 pass@k, mean turns, tool use, format errors, train wall time and generated tokens (means over seeds);
 then every run's own values (one row per seed), the pairwise differences between algorithms, and one
 sentence per algorithm saying which differences are significant (their interval excludes 0). The
-statistics are in components/stats.py (percentile bootstrap over test problems, scipy).
+statistics are in components/stats.py (percentile bootstrap over RL seeds and test problems, crossed;
+scipy).
 
 reports/compare.png: (a) validation accuracy against RL iteration, per algorithm the mean over seeds
 with a min..max band, and the SFT model at iteration -1 (the same val rows, before any update);
@@ -258,12 +259,10 @@ def table(params: Params) -> str:
         f"{', '.join(map(str, c.seeds))}; its values are means over those runs. Wall time and generated tokens "
         "are of RL training.\n\n"
         f"Intervals are {CONFIDENCE:.0%} percentile bootstrap intervals ({RESAMPLES} resamples, scipy.stats.bootstrap) "
-        f"over {RESAMPLED}. A difference to SFT is paired on problems: each problem's correctness averaged "
-        "over the algorithm's seeds minus SFT's on that problem. The intervals measure the uncertainty from the "
-        "finite test set for these seeds; the per-run table shows the spread between seeds, which the intervals do "
-        "not include. A difference is called significant when its interval excludes 0.\n\n"
-        + "\n".join(lines)
-        + "\n\n"
+        f"over {RESAMPLED}. The intervals carry both the uncertainty of which RL seeds were run and of the "
+        "finite test set; this crossed bootstrap is conservative (slightly wide) and, with two or three seeds, "
+        "coarse in its seed part: read it with the per-run table below. A difference is called significant when "
+        "its interval excludes 0.\n\n" + "\n".join(lines) + "\n\n"
         "## Every run\n\n"
         + "\n".join(per_seed)
         + "\n\n"

@@ -112,7 +112,7 @@ def test_report_intervals_per_seed_rows_and_words(workspace):
     )
     assert "against grpo: greedy significantly lower (-0.500" in words["ppo"]
     assert "sampled mean@2 accuracy" in words["ppo"]
-    assert "resample" in report and "seeds are not resampled" in report
+    assert "resample" in report and "RL seeds and test problems, crossed" in report
 
 
 def test_chart_has_two_panels(workspace):
