@@ -16,9 +16,18 @@ from typing import Any
 import polars as pl
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def tmp_sibling(path: Path) -> Path:
+    """An empty temporary file next to ``path``, with the permissions a plain ``open(path, "w")``
+    would give (mkstemp makes it owner-only, 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     return Path(tmp)
 
