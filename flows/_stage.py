@@ -108,12 +108,19 @@ def ensure_experiment(name: str, artifact_location: str | None = None) -> str:
 
 @contextlib.contextmanager
 def mlflow_run(
-    params: Params, run_name: str, sections: list[str], tags: dict | None = None, run_id: str | None = None
+    params: Params,
+    run_name: str,
+    sections: list[str],
+    tags: dict | None = None,
+    run_id: str | None = None,
+    extra_params: dict[str, Any] | None = None,
 ) -> Iterator[Any]:
-    """An MLflow run in the task's experiment, with the params of ``sections`` logged flat.
+    """An MLflow run in the task's experiment, with the params of ``sections`` logged flat (plus
+    ``extra_params``, which win over a section's key of the same name).
 
     ``run_id`` resumes that run (a train stage restarted after a crash); its params are not relogged.
-    A section may be a dotted path (``algorithms.grpo``)."""
+    A section may be a dotted path (``algorithms.grpo``). The run is tagged with where it came from
+    (:func:`provenance_tags`: ``git.commit``, and ``dvc.exp_name`` ... under `dvc exp run`)."""
     import mlflow
 
     uri = tracking_uri(params)
@@ -128,6 +135,7 @@ def mlflow_run(
         for part in s.split("."):
             node = node[part]
         flat.update(flatten(node, f"{s}."))
+    flat.update(extra_params or {})
     if run_id is not None:
         try:
             if mlflow.get_run(run_id).info.lifecycle_stage == "deleted":
@@ -137,12 +145,47 @@ def mlflow_run(
     kwargs = {"run_id": run_id} if run_id else {"run_name": run_name}
     if _DETERMINISM is not None:
         tags = {"steprl.torch_threads": str(_DETERMINISM.threads), **(tags or {})}
-    with mlflow.start_run(**kwargs, tags={"steprl.stage": run_name, **(tags or {})}) as run:
+    tags = {"steprl.stage": run_name, **provenance_tags(), **(tags or {})}
+    with mlflow.start_run(**kwargs, tags=tags) as run:
+        commit = run.data.tags.get("mlflow.source.git.commit") or _git_commit()
+        if commit:
+            mlflow.set_tag("git.commit", commit)
         if not run_id:
             mlflow.log_params({k: ("null" if v is None else v) for k, v in flat.items()})
         print(f"MLflow: run '{run_name}' ({run.info.run_id}) in experiment '{name}' at {uri}", flush=True)
         yield run
         print(f"MLflow: open the UI with `make mlflow-ui` and look at experiment '{name}'", flush=True)
+
+
+# What `dvc repro` / `dvc exp run` tell a stage through its environment (dvc/env.py; set by
+# dvc/stage/run.py and dvc/repo/experiments/queue/base.py): the MLflow tag each one becomes.
+DVC_ENV_TAGS = {
+    "DVC_EXP_NAME": "dvc.exp_name",
+    "DVC_EXP_BASELINE_REV": "dvc.exp_baseline_rev",
+    "DVC_STAGE": "dvc.stage",
+}
+
+
+def provenance_tags(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """MLflow tags naming the DVC experiment and stage this process runs in (only those DVC set):
+    under `dvc exp run` the experiment's name and the git revision it started from, under any
+    `dvc repro` the stage (e.g. ``train@grpo-0``)."""
+    env = os.environ if environ is None else environ
+    return {tag: env[var] for var, tag in DVC_ENV_TAGS.items() if env.get(var)}
+
+
+def _git_commit() -> str | None:
+    """The repo's HEAD commit (None outside a git checkout); MLflow's own
+    ``mlflow.source.git.commit`` is preferred when MLflow found the entry point's repo."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def repo_path(p: str | Path) -> Path:

@@ -60,6 +60,14 @@ def resolved(params: Params, algo: str) -> dict:
     return parts
 
 
+def algo_params(params: Params, algo: str, rl_seed: int) -> dict:
+    """The MLflow params of a train run's algorithm under keys every algorithm shares (``algo.lr``,
+    not ``algorithms.grpo.lr``), so runs of different algorithms line up in MLflow's Compare view:
+    its block of params.yaml with the preset's parts filled in, whether it trains a critic, its RL seed."""
+    block = {**params.algorithms[algo].model_dump(), **resolved(params, algo)}
+    return {"algo.name": algo, **{f"algo.{k}": v for k, v in block.items()}, "algo.rl_seed": rl_seed}
+
+
 def rl_prompts(train: pl.DataFrame, params: Params) -> pl.DataFrame:
     """The train rows RL samples prompts from: those after the first ``sft.rows`` (all if None)."""
     return train.slice(params.sft.rows or 0)
@@ -276,11 +284,8 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
     run_file = run_dir(name) / "mlflow_run.json"
     run_id = json.loads(run_file.read_text())["run_id"] if run_file.is_file() else None
     start = time.perf_counter()
-    tags = {"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)}
     try:
-        with mlflow_run(
-            params, name, ["train", f"algorithms.{algo}", "rollout"], run_id=run_id, tags=tags
-        ) as active:
+        with train_mlflow_run(params, algo, rl_seed, sft_seed, run_id) as active:
             write_json({"run_id": active.info.run_id}, run_file)
             history_of = mlflow.tracking.MlflowClient().get_metric_history
             logged = {m.step for m in history_of(active.info.run_id, "timing_s/iteration")}
@@ -304,6 +309,20 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
         session.close()
         _SESSION.pop(name, None)
     return summary
+
+
+def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run_id: str | None):
+    """The run's MLflow run: the shared sections train and rollout as they are, ``seed`` (of the SFT
+    model), and this algorithm's parts under ``algo.*`` (:func:`algo_params`); no other algorithm's
+    block. ``params.seed`` is already the RL seed here."""
+    return mlflow_run(
+        params,
+        CompareParams.run_name(algo, rl_seed),
+        ["train", "rollout"],
+        run_id=run_id,
+        tags={"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)},
+        extra_params={"seed": sft_seed, **algo_params(params, algo, rl_seed)},
+    )
 
 
 def _initial_validation(params: Params, name: str, resumed: bool) -> float | None:

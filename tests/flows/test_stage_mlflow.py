@@ -46,3 +46,65 @@ def test_other_store_errors_are_not_swallowed(store, monkeypatch):
     monkeypatch.setattr(mlflow, "create_experiment", broken)
     with pytest.raises(mlflow.exceptions.MlflowException, match="disk full"):
         ensure_experiment("calc")
+
+
+# --- what a train run logs -------------------------------------------------------------------------
+def _train_run(store, monkeypatch, algo, rl_seed=1, env=None):
+    from components.config import load_params
+    from flows import REPO
+    from flows.train import train_mlflow_run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow.get_tracking_uri())
+    for var in ("DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DVC_STAGE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in (env or {}).items():
+        monkeypatch.setenv(var, value)
+    params = load_params(REPO / "params.yaml")
+    sft_seed, params = params.seed, params.model_copy(update={"seed": rl_seed})
+    with train_mlflow_run(params, algo, rl_seed, sft_seed, run_id=None) as run:
+        run_id = run.info.run_id
+    return params, mlflow.get_run(run_id).data
+
+
+def test_train_runs_log_the_algorithm_under_shared_keys_and_no_other_algorithm(store, monkeypatch):
+    params, ppo = _train_run(store, monkeypatch, "ppo")
+    _, grpo = _train_run(store, monkeypatch, "grpo")
+    block = params.algorithms["ppo"]
+    assert ppo.params["algo.name"] == "ppo" and grpo.params["algo.name"] == "grpo"
+    assert ppo.params["algo.preset"] == block.preset
+    assert ppo.params["algo.estimator"] == "gae" and grpo.params["algo.estimator"] == "grpo"
+    assert ppo.params["algo.critic"] == "token" and grpo.params["algo.critic"] == "null"  # none
+    for key in ("policy_loss", "loss_agg"):
+        assert ppo.params[f"algo.{key}"] not in ("", "None", "null")  # the preset's part, filled in
+    assert float(ppo.params["algo.lr"]) == block.lr
+    assert float(ppo.params["algo.clip_low"]) == block.clip_low
+    assert float(ppo.params["algo.clip_high"]) == block.clip_high
+    assert int(ppo.params["algo.samples_per_prompt"]) == block.samples_per_prompt
+    assert ppo.params["algo.rl_seed"] == "1"
+    # the same keys in every algorithm's run, so MLflow's Compare lines them up
+    algo_keys = {k for k in ppo.params if k.startswith("algo.")}
+    assert algo_keys == {k for k in grpo.params if k.startswith("algo.")}
+    assert not [k for k in ppo.params if k.startswith("algorithms.")]
+    # the shared sections as they are; seed is the SFT seed (the RL seed is algo.rl_seed)
+    assert ppo.params["train.iterations"] == str(params.train.iterations)
+    assert ppo.params["rollout.max_steps"] == str(params.rollout.max_steps)
+    assert ppo.params["seed"] == "0" and ppo.params["task"] == params.task
+    assert ppo.tags["steprl.algo"] == "ppo"
+
+
+def test_runs_are_tagged_with_the_git_commit_and_the_dvc_experiment(store, monkeypatch):
+    import subprocess
+
+    from flows import REPO
+
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    env = {"DVC_EXP_NAME": "lusty-bole", "DVC_EXP_BASELINE_REV": head, "DVC_STAGE": "train@ppo-1"}
+    _, data = _train_run(store, monkeypatch, "ppo", env=env)
+    assert data.tags["git.commit"] == data.tags.get("mlflow.source.git.commit", head)
+    assert data.tags["dvc.exp_name"] == "lusty-bole"
+    assert data.tags["dvc.exp_baseline_rev"] == head
+    assert data.tags["dvc.stage"] == "train@ppo-1"
+    _, plain = _train_run(store, monkeypatch, "ppo")  # plain `dvc repro` or by hand: no experiment tags
+    assert not [t for t in plain.tags if t.startswith("dvc.")]
