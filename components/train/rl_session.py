@@ -141,7 +141,10 @@ class RLSession:
         for idx in trajectory_chunks(rows, batch_size):
             chunk = [out[i] for i in idx]
             batch = make_token_batch(
-                [r["prompt_ids"] for r in chunk], [r["response_ids"] for r in chunk], self.pad_id
+                [r["prompt_ids"] for r in chunk],
+                [r["response_ids"] for r in chunk],
+                self.pad_id,
+                share_prefix=self.critic is None,  # critic_values forwards whole sequences
             )
             old = (
                 None

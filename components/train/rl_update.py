@@ -38,10 +38,15 @@ class StepTensors:
     old_values: Tensor | None  # same shape as returns
 
 
-def step_tensors(rows: Sequence[dict[str, Any]], pad_id: int, per_step_values: bool) -> StepTensors:
+def step_tensors(
+    rows: Sequence[dict[str, Any]], pad_id: int, per_step_values: bool, share_prefix: bool = False
+) -> StepTensors:
     """Tensors of ``rows`` (dicts with prompt_ids, response_ids, advantages, old_logprobs, returns,
-    and optionally ref_logprobs, values)."""
-    batch = make_token_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id)
+    and optionally ref_logprobs, values). ``share_prefix``: the actor forwards each shared prompt
+    once (``make_token_batch``)."""
+    batch = make_token_batch(
+        [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id, share_prefix=share_prefix
+    )
     L = batch.response_ids.size(1)
     has_ref = rows[0].get("ref_logprobs") is not None
     has_values = rows[0].get("values") is not None
@@ -150,7 +155,10 @@ def actor_update(
     loss_fn_pg = get_policy_loss(policy_loss)
     history = []
     for plan in _mini_batches(rows, mini_batch_size, micro_batch_size, epochs, seed):
-        micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=False) for idx in plan]
+        micro = [
+            step_tensors([rows[i] for i in idx], pad_id, per_step_values=False, share_prefix=True)
+            for idx in plan
+        ]
         norms = loss_normalisers(response_masks=[m.batch.response_mask for m in micro], norm_const=norm_const)
         tokens = max(norms["global_tokens"], 1.0)
 
