@@ -3,8 +3,14 @@
 Importing this package sets the process defaults every stage needs before Prefect, vLLM or
 DeepSpeed are imported: Prefect's home under the repo (so the Prefect UI of `make serve` sees runs
 made without a server), the in-process vLLM engine, and DeepSpeed's CPU accelerator when there is no GPU.
+
+Logging: every stage flow has ``log_prints=True``, so what it prints goes through Prefect's loggers:
+to the console (Prefect's console handler, stderr: what `dvc repro` shows) and into the flow run's
+logs (the Prefect UI). The library's stdlib loggers (``components.*``) are Prefect "extra loggers":
+their INFO records reach the same two places while a flow runs.
 """
 
+import logging
 import os
 from pathlib import Path
 
@@ -13,6 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PREFECT_HOME", str(REPO / ".prefect"))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "components")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -23,3 +30,5 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 if not os.environ.get("CUDA_VISIBLE_DEVICES") and not Path("/dev/nvidia0").exists():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+if logging.getLogger("components").level == logging.NOTSET:  # else the root's WARNING hides INFO
+    logging.getLogger("components").setLevel(logging.INFO)

@@ -58,7 +58,7 @@ def copy_local(path: str) -> str:
     return str(save_hf(model, tokenizer, OUT, metadata={"source": path}))
 
 
-@flow(name="base_model")
+@flow(name="base_model", log_prints=True)
 def base_model_flow(params: Params) -> str:
     out = copy_local(str(repo_path(params.model.path))) if params.model.path else build_default(params)
     print(f"base model written to {out}")

@@ -311,7 +311,7 @@ def chart(params: Params) -> str:
     )
 
 
-@flow(name="compare")
+@flow(name="compare", log_prints=True)
 def compare_flow(params: Params) -> str:
     with mlflow_run(params, "compare", ["compare"]):
         import mlflow

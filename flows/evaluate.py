@@ -83,7 +83,7 @@ def play(params: Params, model: str, rows: list[dict]) -> tuple[list[dict], list
         engine.close()
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: Params, model: str) -> dict[str, float]:
     split = params.evaluate.split
     df = pl.read_parquet(REPO / "data" / "processed" / params.task / f"{split}.parquet")

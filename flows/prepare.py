@@ -51,7 +51,7 @@ def write_splits(params: Params, splits: dict) -> list[str]:
     return paths
 
 
-@flow(name="prepare")
+@flow(name="prepare", log_prints=True)
 def prepare_flow(params: Params, splits: dict) -> list[str]:
     return write_splits(params, splits)
 

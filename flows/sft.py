@@ -101,7 +101,7 @@ def train(params: Params) -> list[dict]:
     return history
 
 
-@flow(name="sft")
+@flow(name="sft", log_prints=True)
 def sft_flow(params: Params) -> dict:
     with mlflow_run(params, "sft", ["deepspeed", "sft"]):
         import mlflow

@@ -265,7 +265,7 @@ def _finished(name: str, k: int) -> bool:
     return (iter_dir(name, k) / "done.json").is_file()
 
 
-@flow(name="train")
+@flow(name="train", log_prints=True)
 def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
     """RL run ``algo`` with RL seed ``rl_seed``: ``params.seed`` is the seed of the SFT model it starts
     from; everything the run draws uses ``rl_seed`` instead."""
