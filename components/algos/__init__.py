@@ -1,4 +1,4 @@
-"""Advantage estimators, policy/value losses, KL and entropy terms, and loss aggregation (ALGORITHMS.md).
+"""Advantage estimators, policy/value losses, KL and entropy terms, and loss aggregation (docs/algorithms.md).
 
 Registries with one signature each: ``ADVANTAGE_ESTIMATORS`` (``get_advantage_estimator``),
 ``POLICY_LOSSES`` (``get_policy_loss``), ``KL_ESTIMATORS`` (``get_kl_estimator``), ``AGG_MODES``;

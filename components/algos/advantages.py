@@ -1,4 +1,4 @@
-"""Advantage estimators of ALGORITHMS.md, one signature, looked up by name.
+"""Advantage estimators of docs/algorithms.md, one signature, looked up by name.
 
 Every estimator is called the same way (keyword-only, see ``AdvantageEstimator.__call__``) on a batch
 of step rows in any order, and returns ``AdvantageOutput``: ``advantages`` and ``returns`` (B, L),
@@ -10,16 +10,16 @@ trainer never branches on names. Estimators run without gradient.
 rewards (e.g. from ``kl.kl_reward``); step-level estimators use a row's token-reward sum.
 ``returns`` is the (unwhitened, un-baselined) return each estimator builds its advantage from: S_tau
 for the trajectory-level ones, G_t for reinforce/gigpo, the token return for reinforce_pp, A + V for
-gae and step_gae (the critic targets). ``norm_adv`` only acts where ALGORITHMS.md says "whiten".
+gae and step_gae (the critic targets). ``norm_adv`` only acts where docs/algorithms.md says "whitened".
 
 Does not: compute critic values, add KL penalties (see ``kl``), or mask tool/env tokens (they are
 never in ``response_mask``: each row holds one LLM response).
 
-Departures from the papers / ALGORITHMS.md:
+Departures from the papers / docs/algorithms.md:
 1. The singleton-group rule of grpo (mean 0, std 1) is used by every group baseline: dr_grpo, rloo,
    reinforce_pp_baseline and gigpo's episode term give A = S for a trajectory alone in its group, and
    gigpo's step term gives A_step = G_t for a step alone in its (group, observation) step group.
-2. Episode ends use V = 0 whether the trajectory finished or was truncated (as ALGORITHMS.md says).
+2. Episode ends use V = 0 whether the trajectory finished or was truncated (as docs/algorithms.md says).
 3. Every row must have at least one response token (the reward of a step sits on its last token).
 """
 

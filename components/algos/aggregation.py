@@ -1,6 +1,6 @@
 """Turn a per-token loss (B, L) into one number, invariant to micro-batching.
 
-Modes (ALGORITHMS.md):
+Modes (docs/algorithms.md):
 ``token-mean``              sum over valid tokens / number of valid tokens
 ``seq-mean-token-mean``     mean over rows of each row's token mean (each step row weighs the same)
 ``seq-mean-token-sum``      mean over rows of each row's token sum

@@ -6,7 +6,7 @@ Estimators (Schulman's k1/k2/k3, with d = logp_ref - logp):
 
 Does not: aggregate (use ``aggregation.aggregate_loss``) or choose the coefficient.
 
-Departures from ALGORITHMS.md:
+Departures from docs/algorithms.md:
 1. ``low_var_kl`` clamps d to [-20, 20] before exp (the policy ratio's clamp), so a huge gap gives
    the clamped value 10 with a zero, finite gradient instead of exp overflow and a NaN gradient.
 """

@@ -8,7 +8,7 @@ ppo). Values outside ``response_mask`` are ignored, even inf/NaN, and get no gra
 
 Does not: aggregate, add KL or entropy terms to the loss (the trainer sums the terms it wants).
 
-Departures from the papers / ALGORITHMS.md:
+Departures from the papers / docs/algorithms.md:
 1. gspo uses sg(s) * exp(logp - sg(logp)) per token (GSPO-token with the sequence ratio s
    stop-gradiented, as in the GSPO paper): its value is s, and with equal advantages within a row and
    `seq-mean-token-mean` its gradient equals the gradient of the sequence-level GSPO objective.

@@ -1,4 +1,4 @@
-"""The three algorithms the user compares, as plain data (ALGORITHMS.md, "The three the user compares").
+"""The three algorithms the user compares, as plain data (docs/algorithms.md, "The presets compared by default").
 
 Each preset names an advantage estimator, a policy loss, a loss aggregation mode and the critic kind
 ("token", "step" or None; it always equals the estimator's ``critic``). Does not: hold
