@@ -266,9 +266,16 @@ def serve_pipeline(
     limit: int | None = 1,
 ) -> None:
     """Serve the deployment pipeline/<name> from this process (blocks; flow runs are subprocesses)."""
+    from prefect import get_client
     from prefect.deployments.runner import EntrypointType
 
     parameters = {"overrides": list(overrides)} if overrides else None
+    with get_client(sync_client=True) as client:  # started next to the server: wait until it answers
+        deadline = time.monotonic() + 240
+        while client.api_healthcheck() is not None:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the Prefect API at {client.api_url} did not answer within 240 s")
+            time.sleep(0.5)
     if overrides:
         check_overrides(params_at(REPO, "head", head_rev(REPO)), build_overrides(overrides=overrides))
     # No schedule flag: keep the schedules the deployment already has (set in the UI), which
@@ -313,22 +320,22 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("-n", "--name", dest="experiment_name", default=None)
     run.add_argument("--baseline", choices=["head", "workspace"], default="head")
     run.add_argument("targets", nargs="*", help="DVC stages (default: the whole pipeline)")
+    # `make serve` (the Procfile) passes its flags through the environment; flags here win.
+    env = os.environ.get
     srv = sub.add_parser("serve", help="serve the deployment pipeline/<name> (needs PREFECT_API_URL)")
-    srv.add_argument("--name", default=DEPLOYMENT)
-    srv.add_argument(
-        "--cron", default=None, help='schedule, e.g. "0 3 * * *" (default: none, run from the UI)'
-    )
-    srv.add_argument("--interval", type=float, default=None, help="schedule every N seconds")
+    srv.add_argument("--name", default=env("STEPRL_DEPLOYMENT") or DEPLOYMENT)
+    srv.add_argument("--cron", default=env("STEPRL_SCHEDULE_CRON") or None, help='e.g. "0 3 * * *"')
+    srv.add_argument("--interval", type=float, default=env("STEPRL_SCHEDULE_INTERVAL") or None)
     srv.add_argument(
         "-S",
         "--set",
         dest="overrides",
         action="append",
-        default=[],
+        default=json.loads(env("STEPRL_OVERRIDES") or "[]"),
         metavar="KEY=VALUE",
         help="default overrides of scheduled runs (editable in the UI)",
     )
-    srv.add_argument("--limit", type=int, default=1, help="most runs at once (default 1)")
+    srv.add_argument("--limit", type=int, default=int(env("STEPRL_LIMIT") or 1), help="most runs at once")
     args = vars(parser.parse_args(argv))
     command = args.pop("command")
     try:

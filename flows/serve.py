@@ -1,21 +1,20 @@
-"""The steprl services as one command: Prefect server, the `pipeline` deployment, MLflow tracking server.
+"""`make serve`: the Prefect server, the `pipeline` deployment and the MLflow tracking server (Procfile).
 
     python -m flows.serve start [--cron "0 3 * * *" | --interval 3600] [-S key=value ...]   (make serve)
     python -m flows.serve status      URLs, and whether each answers               (make status)
     python -m flows.serve env         `export` lines so a shell's own runs report to the servers
     python -m flows.serve stop        stop a `start` running in another terminal
 
-`start` binds everything to 127.0.0.1 (ports: --prefect-port/--mlflow-port, or STEPRL_PREFECT_PORT/
-STEPRL_MLFLOW_PORT; defaults 4200 and 5000), starts the two servers at once, then the deployment
-(flows/pipeline.py) pointed at both, and stays in the foreground printing the deployment's log.
-Ctrl-C or SIGTERM stops the deployment, then the Prefect server, then MLflow: each process group gets
-SIGTERM, then SIGKILL after a grace period, and any process of theirs still alive (a flow run's
-`dvc exp run`, its stages) is killed too, so nothing is left behind.
+`start` checks its flags, then runs the three processes of the repo's Procfile with honcho (a Procfile
+runner), all bound to 127.0.0.1 (ports: --prefect-port/--mlflow-port, or STEPRL_PREFECT_PORT/
+STEPRL_MLFLOW_PORT; defaults 4200 and 5000). The ports reach the tools through their own settings
+(PREFECT_SERVER_API_HOST/PORT, PREFECT_UI_API_URL so the UI calls its own API on any port,
+PREFECT_API_URL, MLFLOW_TRACKING_URI). Ctrl-C or SIGTERM: honcho sends SIGTERM to each process group
+(flow runs included: each stops its `dvc exp run` and removes its clone) and SIGKILL after the grace
+period; this process is their child subreaper, so whatever they orphaned is stopped too.
 
-Prefect keeps its database in <repo>/.prefect (the flow runs of earlier `dvc repro` show up); MLflow
-uses mlflow/mlflow.db and mlflow/artifacts (mlflow/server.sh). Server logs: .prefect/server.log,
-mlflow/server.log; the deployment's log also goes to .prefect/deployment.log.
-This module does not schedule anything itself: schedules belong to the deployment (flags or the UI).
+Prefect keeps its database in <repo>/.prefect, MLflow in mlflow/ (mlflow/server.sh); server logs:
+.prefect/server.log, mlflow/server.log. Schedules belong to the deployment (flags or the UI).
 """
 
 from __future__ import annotations
@@ -26,33 +25,25 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from flows import REPO
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PREFECT_PORT = 4200
-DEFAULT_MLFLOW_PORT = 5000
+DEFAULT_HOST, DEFAULT_PREFECT_PORT, DEFAULT_MLFLOW_PORT = "127.0.0.1", 4200, 5000
 FLOW, DEPLOYMENT = "pipeline", "steprl"
 STATE = REPO / ".prefect" / "serve.json"
-BIN = Path(sys.executable).parent
 
 
 class ServeError(RuntimeError):
-    """A service could not start (port taken, a server died); the message says which and why."""
-
-
-# ----------------------------------------------------------------------------------------------
-# where things listen
+    """The services cannot start (bad flag, port taken, already running); the message says which."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +70,18 @@ class Endpoints:
 
     def deployment_api(self, flow: str = FLOW, name: str = DEPLOYMENT) -> str:
         return f"{self.prefect_api}/deployments/name/{flow}/{name}"
+
+    def env(self) -> dict[str, str]:
+        """The tools' own settings for these endpoints (every process of the Procfile gets them)."""
+        return {
+            "PREFECT_SERVER_API_HOST": self.host,
+            "PREFECT_SERVER_API_PORT": str(self.prefect_port),
+            "PREFECT_UI_API_URL": self.prefect_api,  # else the UI calls :4200 (Prefect's default port)
+            "PREFECT_API_URL": self.prefect_api,
+            "STEPRL_MLFLOW_HOST": self.host,
+            "STEPRL_MLFLOW_PORT": str(self.mlflow_port),
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+        }
 
 
 def _port(value: object, what: str) -> int:
@@ -113,14 +116,14 @@ def resolve_endpoints(
 
 def free_port(host: str = DEFAULT_HOST) -> int:
     """A port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
 def port_free(host: str, port: int) -> bool:
     """Nobody listens on ``port`` (SO_REUSEADDR as the servers use it: TIME_WAIT leftovers do not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
@@ -133,8 +136,7 @@ def get_json(url: str, timeout: float = 5.0) -> tuple[int, object]:
     """(HTTP status, parsed body) of a GET; status 0 when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
-            body = r.read()
-            status = r.status
+            status, body = r.status, r.read()
     except urllib.error.HTTPError as err:
         return err.code, None
     except (urllib.error.URLError, OSError, ValueError):
@@ -149,167 +151,34 @@ def answers(url: str, timeout: float = 5.0) -> bool:
     return get_json(url, timeout)[0] == 200
 
 
-# ----------------------------------------------------------------------------------------------
-# processes
+def check_schedule(cron: str | None, interval: float | None) -> None:
+    """A schedule the deployment will accept, checked before anything starts."""
+    if cron and interval:
+        raise ServeError("give --cron or --interval, not both")
+    if interval is not None and not interval > 0:
+        raise ServeError(f"--interval {interval:g}: must be a positive number of seconds")
+    if cron:
+        from prefect.client.schemas.schedules import CronSchedule
 
-
-@dataclass
-class Service:
-    """One child process, started in its own process group (session) so it can be stopped as a whole."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    ready_url: str | None = None  # GET answers 200 once the service is up
-    fresh: bool = False  # ready_url returns a record whose `updated` time must be after this start
-    log: Path | None = None  # None: its output is echoed with a "[name] " prefix (and to echo_log)
-    echo_log: Path | None = None
-    stop_signal: int = signal.SIGTERM  # first signal of a stop; SIGKILL follows after the grace period
-    signal_leader: bool = False  # send stop_signal to the leader only (it stops its own children)
-    # SIGTERM these children of the leader first and give them the grace period to finish (flow runs:
-    # their engine turns SIGTERM into an exception, so they stop their `dvc exp run` and report it)
-    stop_children_first: Callable[[object], bool] | None = None
-    started_at: float = 0.0
-    proc: subprocess.Popen | None = field(default=None, repr=False)
-
-    def start(self, cwd: Path) -> None:
-        self.started_at = time.time()
-        out = subprocess.PIPE if self.log is None else open(self.log, "w")
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=cwd,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        finally:
-            if out is not subprocess.PIPE:
-                out.close()
-        if self.log is None:
-            threading.Thread(target=self._echo, daemon=True).start()
-
-    def _echo(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        sink = open(self.echo_log, "wb") if self.echo_log else None
-        try:
-            for line in self.proc.stdout:
-                sys.stdout.write(f"[{self.name}] {line.decode(errors='replace')}")
-                sys.stdout.flush()
-                if sink:
-                    sink.write(line)
-                    sink.flush()
-        except (ValueError, OSError):
-            pass
-        finally:
-            if sink:
-                sink.close()
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def tail(self, n: int = 20) -> str:
-        if self.log and self.log.is_file():
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        return ""
-
-
-def _descendants(pid: int) -> list:
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-        return [parent, *parent.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def stop_services(
-    services: Sequence[Service], grace: float = 25.0, say: Callable[[str], None] = print, known: Sequence = ()
-) -> None:
-    """Stop ``services`` in the given order: SIGTERM to each group, SIGKILL after ``grace``; then kill
-    every process that belonged to them and is still alive (also ones that left their group, and the
-    ``known`` psutil processes seen earlier, e.g. orphans of a service that died)."""
-    import psutil
-
-    tree = {p.pid: p for p in known}
-    tree.update({p.pid: p for s in services if s.proc for p in _descendants(s.proc.pid)})
-    for s in services:
-        if s.proc is None:
-            continue
-        say(f"{time.strftime('%H:%M:%S')} stopping {s.name} (pid {s.proc.pid})")
-        if s.stop_children_first is not None:
-            _stop_children(s, grace, say)
-        for sig, wait in ((s.stop_signal, grace), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if s.signal_leader and sig != signal.SIGKILL:
-                    os.kill(s.proc.pid, sig)
-                else:
-                    os.killpg(s.proc.pid, sig)
-            t0 = time.monotonic()
-            end = t0 + wait
-            while time.monotonic() < end and _group_alive(s.proc):
-                if s.proc.returncode is not None:  # the leader is done: stragglers get 3 s, not the grace
-                    end = min(end, time.monotonic() + 3.0)
-                time.sleep(0.1)
-            if not _group_alive(s.proc):
-                break
-            if sig != signal.SIGKILL:
-                say(f"{s.name} did not stop within {time.monotonic() - t0:.0f} s: killing it")
-    left = []
-    for p in tree.values():
-        with contextlib.suppress(psutil.Error):
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                left.append(p)
-    for p in left:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(left, timeout=5)
-    if left:
-        say(f"killed {len(left)} leftover process(es): {sorted(p.pid for p in left)}")
-
-
-def _stop_children(s: Service, grace: float, say: Callable[[str], None]) -> None:
-    import psutil
-
-    try:
-        kids = [c for c in psutil.Process(s.proc.pid).children() if s.stop_children_first(c)]
-    except psutil.Error:
-        return
-    for c in kids:
-        say(f"{time.strftime('%H:%M:%S')} stopping {s.name}'s child {c.pid} (a flow run)")
-        with contextlib.suppress(psutil.Error):
-            c.terminate()
-    psutil.wait_procs(kids, timeout=grace)
-
-
-def is_flow_run_process(p) -> bool:
-    """Prefect 3.7's runner starts each flow run as a multiprocessing 'spawn' child."""
-    try:
-        return "multiprocessing.spawn" in " ".join(p.cmdline())
-    except Exception:
-        return False
-
-
-def _group_alive(proc: subprocess.Popen) -> bool:
-    proc.poll()  # reap the leader, or its zombie keeps the group "alive"
-    try:
-        os.killpg(proc.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+            CronSchedule(cron=cron)
+        except ValueError as err:
+            why = err.errors()[0]["msg"] if hasattr(err, "errors") else str(err)
+            raise ServeError(f"--cron {cron!r} is not a valid cron expression ({why})") from None
 
 
 # ----------------------------------------------------------------------------------------------
-# start / status / env / stop
+# start: the Procfile under honcho
 
 
-def service_specs(
+def procfile(repo: Path = REPO) -> dict[str, str]:
+    """{name: shell command} of the repo's Procfile, in order (honcho's own parser)."""
+    from honcho.environ import parse_procfile
+
+    return dict(parse_procfile((repo / "Procfile").read_text()).processes)
+
+
+def service_env(
     ep: Endpoints,
     *,
     cron: str | None = None,
@@ -317,75 +186,23 @@ def service_specs(
     overrides: Sequence[str] = (),
     limit: int = 1,
     repo: Path = REPO,
-) -> list[Service]:
-    """The three services of `start`, in start order: MLflow server, Prefect server, deployment."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PREFECT_API_", "PREFECT__", "MLFLOW_TRACKING_"))
-    }
-    base["PATH"] = f"{BIN}{os.pathsep}{base.get('PATH', '')}"
-    base["PYTHONPATH"] = str(repo)  # this repo's code, also when another copy is installed editable
-    base["PREFECT_HOME"] = str(repo / ".prefect")
-    base["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    base["DO_NOT_TRACK"] = "1"
-    (repo / ".prefect").mkdir(exist_ok=True)
-    (repo / "mlflow").mkdir(exist_ok=True)
-    mlflow_env = {**base, "STEPRL_MLFLOW_HOST": ep.host, "STEPRL_MLFLOW_PORT": str(ep.mlflow_port)}
-    deploy = [sys.executable, "-m", "flows.pipeline", "serve", "--name", DEPLOYMENT, "--limit", str(limit)]
-    if cron:
-        deploy += ["--cron", cron]
-    if interval:
-        deploy += ["--interval", str(interval)]
-    for o in overrides:
-        deploy += ["-S", o]
-    deploy_env = {
-        **base,
-        "PREFECT_API_URL": ep.prefect_api,
-        "MLFLOW_TRACKING_URI": ep.mlflow_url,
-        "PYTHONUNBUFFERED": "1",
-    }
-    return [
-        Service(
-            "mlflow",
-            ["sh", str(repo / "mlflow" / "server.sh")],
-            mlflow_env,
-            ready_url=ep.health["mlflow"],
-            log=repo / "mlflow" / "server.log",
-        ),
-        Service(
-            "prefect",
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "server",
-                "start",
-                "--host",
-                ep.host,
-                "--port",
-                str(ep.prefect_port),
-            ],
-            base,
-            ready_url=ep.health["prefect"],
-            log=repo / ".prefect" / "server.log",
-        ),
-        # Ready once this runner has re-registered the deployment (its record outlives `start`).
-        # Stopped in two steps: SIGTERM to its flow runs (each stops its `dvc exp run`, removes its clone
-        # and reports Crashed), then SIGINT to the runner alone, which pauses the schedules (its SIGTERM
-        # path warns about an un-awaited stop; a group-wide SIGINT left it waiting on a running flow run).
-        Service(
-            "deployment",
-            deploy,
-            deploy_env,
-            ready_url=ep.deployment_api(),
-            fresh=True,
-            echo_log=repo / ".prefect" / "deployment.log",
-            stop_signal=signal.SIGINT,
-            signal_leader=True,
-            stop_children_first=is_flow_run_process,
-        ),
-    ]
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "STEPRL_"))}
+    env.update(ep.env())
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(repo),  # this repo's code, also when another copy is installed editable
+        PYTHONUNBUFFERED="1",
+        PREFECT_HOME=str(repo / ".prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        DO_NOT_TRACK="1",
+        STEPRL_DEPLOYMENT=DEPLOYMENT,
+        STEPRL_SCHEDULE_CRON=cron or "",
+        STEPRL_SCHEDULE_INTERVAL=f"{interval:g}" if interval else "",
+        STEPRL_OVERRIDES=json.dumps(list(overrides)),
+        STEPRL_LIMIT=str(limit),
+    )
+    return env
 
 
 def read_state(path: Path = STATE) -> dict | None:
@@ -406,8 +223,14 @@ def pid_alive(pid: object) -> bool:
     return True
 
 
-class _Stop(Exception):
-    pass
+def _updated(body: object) -> float:
+    """Epoch seconds of a Prefect record's `updated` time (inf if the body is not a record)."""
+    if not isinstance(body, dict) or "updated" not in body:
+        return float("inf")
+    try:
+        return datetime.fromisoformat(str(body["updated"]).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def start(
@@ -421,144 +244,136 @@ def start(
     grace: float = 25.0,
     repo: Path = REPO,
     state_path: Path = STATE,
-    services: list[Service] | None = None,
-    sweep_own_children: bool = False,
+    processes: Mapping[str, str] | None = None,
+    ready: Mapping[str, str] | None = None,
 ) -> int:
-    """Start the services and supervise them until Ctrl-C/SIGTERM (exit 0) or one of them dies (exit 1).
+    """Run ``processes`` (default: the Procfile) with honcho until Ctrl-C/SIGTERM (exit 0) or one of
+    them exits (exit 1: honcho stops the others). ``ready``: {name: URL answering 200 once it is up};
+    by default both health URLs and the deployment's record, re-registered by this start."""
+    import honcho.manager
+    import psutil
 
-    ``services`` (default: service_specs(...)) are started in order: all but the last at once, the
-    last (the deployment) once the others answer. Every process of theirs is remembered while they
-    run (``sweep_own_children``: all of this process's descendants, for a child subreaper), so a stop
-    also reaches the orphans of a service that died.
-    """
-    t0 = time.monotonic()
     state = read_state(state_path)
     if state and pid_alive(state.get("pid")):
         raise ServeError(
             f"already running (pid {state['pid']}): `make status` shows it, "
             "`python -m flows.serve stop` stops it"
         )
+    if ep.prefect_port == ep.mlflow_port:
+        raise ServeError(f"the Prefect and MLflow ports are both {ep.prefect_port}")
     for what, port, flag in (
         ("Prefect", ep.prefect_port, "--prefect-port/STEPRL_PREFECT_PORT"),
         ("MLflow", ep.mlflow_port, "--mlflow-port/STEPRL_MLFLOW_PORT"),
     ):
         if not port_free(ep.host, port):
             raise ServeError(f"{what} port {port} on {ep.host} is in use; choose another with {flag}")
-    if ep.prefect_port == ep.mlflow_port:
-        raise ServeError(f"the Prefect and MLflow ports are both {ep.prefect_port}")
     if overrides:  # a bad default override fails here, not in the deployment's log
         from flows._experiments import build_overrides, check_overrides, head_rev, params_at
 
         check_overrides(params_at(repo, "head", head_rev(repo)), build_overrides(overrides=overrides))
 
-    if services is None:
-        services = service_specs(
-            ep, cron=cron, interval=interval, overrides=overrides, limit=limit, repo=repo
-        )
-    stop = threading.Event()
-    known: dict[int, object] = {}
+    t0, began = time.monotonic(), time.time()
+    (repo / ".prefect").mkdir(exist_ok=True)
+    (repo / "mlflow").mkdir(exist_ok=True)
+    env = service_env(ep, cron=cron, interval=interval, overrides=overrides, limit=limit, repo=repo)
 
-    def track() -> None:
-        roots = [s.proc.pid for s in services if s.proc] + ([os.getpid()] if sweep_own_children else [])
-        for root in roots:
-            for p in _descendants(root):
-                if p.pid != os.getpid():
-                    known.setdefault(p.pid, p)
+    class Manager(honcho.manager.Manager):
+        def terminate(self) -> None:  # honcho's stop of all processes (a signal, or one of them exited)
+            super().terminate()
+            # honcho waits for each process's output to end: kill whatever still holds it after the grace
+            killer = threading.Timer(grace + 5, _kill_all)
+            killer.daemon = True
+            killer.start()
 
-    previous = {
-        s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    }
+    manager = Manager()
+    processes = dict(processes or procfile(repo))
+    for name, cmd in processes.items():
+        manager.add_process(name, cmd, env=env, cwd=str(repo))
+    sessions: set[int] = set()  # honcho starts each process in its own session
+    honcho.manager.KILL_WAIT = grace  # a flow run takes ~8 s to stop its `dvc exp run` (2 busy cores)
+    ready = dict(ready or {**ep.health, "deployment": ep.deployment_api()})
+    failed = []
 
-    def wait_ready(group: list[Service]) -> None:
-        pending = list(group)
-        while pending:
-            if stop.is_set():
-                raise _Stop
-            track()
-            for s in list(pending):
-                if not s.running:
-                    raise ServeError(
-                        f"{s.name} exited with code {s.proc.returncode} while starting"
-                        + (f"; last lines of {s.log}:\n{s.tail()}" if s.log else "")
-                    )
-                if is_ready(s):
-                    print(f"{s.name} is up after {time.monotonic() - t0:.1f} s", flush=True)
-                    pending.remove(s)
-            if time.monotonic() - t0 > timeout:
-                raise ServeError(
-                    f"{', '.join(s.name for s in pending)} did not answer within {timeout:.0f} s "
-                    f"({', '.join(str(s.ready_url) for s in pending)})"
-                )
+    def watch() -> None:  # banner and state file once everything answers; stop all if it never does
+        time.sleep(1.0)  # honcho forks its process readers first; this thread holds no lock meanwhile
+        me, end = psutil.Process(), time.monotonic() + 10
+        while len(sessions) < len(processes) and time.monotonic() < end:  # the services' sessions
+            with contextlib.suppress(psutil.Error):
+                sessions.update(c.pid for r in me.children() for c in r.children())
+            time.sleep(0.1)
+        pending = dict(ready)
+        while pending and time.monotonic() - t0 < timeout:
+            for name, url in list(pending.items()):
+                code, body = get_json(url)
+                if code == 200 and _updated(body) >= began - 1:  # a record: re-registered by this start
+                    print(f"{name} is up after {time.monotonic() - t0:.1f} s", flush=True)
+                    del pending[name]
             time.sleep(0.5)
+        if pending:
+            print(f"error: {', '.join(pending)} did not answer within {timeout:.0f} s", flush=True)
+            failed.append(pending)
+            return os.kill(os.getpid(), signal.SIGTERM)
+        seconds = time.monotonic() - t0
+        info = {"pid": os.getpid(), **vars(ep), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        state_path.write_text(json.dumps({**info, "startup_seconds": round(seconds, 1)}, indent=2))
+        print(banner(ep, seconds), flush=True)
 
-    code = 0
+    threading.Thread(target=watch, daemon=True).start()
     try:
-        try:
-            for s in services[:-1]:
-                s.start(repo)
-            wait_ready(services[:-1])
-            services[-1].start(repo)
-            wait_ready(services[-1:])
-        except _Stop:
-            return 0
-        state_path.write_text(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "host": ep.host,
-                    "prefect_port": ep.prefect_port,
-                    "mlflow_port": ep.mlflow_port,
-                    "prefect_url": ep.prefect_url,
-                    "mlflow_url": ep.mlflow_url,
-                    "deployment": f"{FLOW}/{DEPLOYMENT}",
-                    "children": {s.name: s.proc.pid for s in services if s.proc},
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "startup_seconds": round(time.monotonic() - t0, 1),
-                },
-                indent=2,
-            )
-        )
-        print(banner(ep, time.monotonic() - t0), flush=True)
-        while not stop.wait(1.0):
-            track()
-            dead = [s for s in services if not s.running]
-            if dead:
-                print(
-                    f"{dead[0].name} exited with code {dead[0].proc.returncode}; stopping the others"
-                    + (f"\nlast lines of {dead[0].log}:\n{dead[0].tail()}" if dead[0].log else ""),
-                    flush=True,
-                )
-                code = 1
-                break
-        return code
+        manager.loop()
     finally:
-        track()
-        stop_services(list(reversed(services)), grace=grace, known=list(known.values()))
-        state = read_state(state_path)
-        if state and state.get("pid") == os.getpid():
+        _sweep(sessions, grace)
+        if (read_state(state_path) or {}).get("pid") == os.getpid():
             state_path.unlink(missing_ok=True)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         print("all steprl services stopped", flush=True)
+    return 0 if manager.returncode in (130, 143) and not failed else 1  # a signal, else one of them died
 
 
-def is_ready(s: Service, timeout: float = 5.0) -> bool:
-    code, body = get_json(s.ready_url or "", timeout=timeout)
-    if code != 200:
-        return False
-    if not s.fresh:
-        return True
-    return isinstance(body, dict) and _epoch(body.get("updated")) >= s.started_at - 1.0
+def _kill_all() -> None:
+    import multiprocessing
+
+    import psutil
+
+    readers = {r.pid for r in multiprocessing.active_children()}
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.pid not in readers:
+                p.kill()
 
 
-def _epoch(iso: object) -> float:
-    from datetime import datetime
+def _sweep(sessions: set[int], grace: float) -> None:
+    """Stop what is left of the services: processes of their sessions already had honcho's SIGTERM and
+    get ``grace`` seconds to finish (a flow run stopping its `dvc exp run`); orphans from elsewhere get
+    SIGTERM now; then SIGKILL for anything still alive."""
+    import multiprocessing
 
+    import psutil
+
+    for reader in multiprocessing.active_children():  # honcho's output readers: done once all stopped
+        reader.join(5)
+    me = psutil.Process()
+    for p in me.children():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(p.pid) not in sessions:
+                p.terminate()
+    psutil.wait_procs(me.children(recursive=True), timeout=grace)
+    left = me.children(recursive=True)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=5)
+    if left:
+        print(f"killed {len(left)} leftover process(es): {sorted(p.pid for p in left)}", flush=True)
+
+
+def become_subreaper() -> bool:
+    """Linux: processes orphaned below us are re-parented to us instead of init (PR_SET_CHILD_SUBREAPER)."""
     try:
-        t = datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
-    except ValueError:
-        return 0.0
-    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def banner(ep: Endpoints, seconds: float) -> str:
@@ -567,17 +382,14 @@ def banner(ep: Endpoints, seconds: float) -> str:
             f"steprl services are up ({seconds:.1f} s):",
             f"  Prefect UI   {ep.prefect_url}   deployment {FLOW}/{DEPLOYMENT}: Deployments -> {DEPLOYMENT} -> Run",
             f"  MLflow UI    {ep.mlflow_url}",
-            f'  your shell:  eval "$({_python()} -m flows.serve env)"   so your own dvc runs report here too',
+            '  your shell:  eval "$(.venv/bin/python -m flows.serve env)"   so your own dvc runs report here too',
             "Ctrl-C stops everything.",
         ]
     )
 
 
-def _python() -> str:
-    try:
-        return str(Path(sys.executable).relative_to(Path.cwd()))
-    except ValueError:
-        return sys.executable
+# ----------------------------------------------------------------------------------------------
+# status / env / stop
 
 
 def _schedule_text(dep: dict) -> str:
@@ -590,8 +402,6 @@ def _schedule_text(dep: dict) -> str:
             else f"every {sch['interval']:g} s"
             if sch.get("interval")
             else "rrule"
-            if sch.get("rrule")
-            else "schedule"
         )
         out.append(what + ("" if item.get("active", True) else " (inactive)"))
     return ", ".join(out) or "none (run it from the UI)"
@@ -603,28 +413,25 @@ def status(ep: Endpoints, state: dict | None = None, say: Callable[[str], None] 
         say(f"`make serve` is running: pid {state['pid']}, started {state.get('started', '?')}")
     else:
         say("`make serve` is not running (start it with `make serve`)")
-    prefect_up, mlflow_up = answers(ep.health["prefect"]), answers(ep.health["mlflow"])
-    say(
-        f"  Prefect UI/API  {ep.prefect_url:<28} {'up' if prefect_up else 'not answering'}  ({ep.health['prefect']})"
-    )
-    say(
-        f"  MLflow UI       {ep.mlflow_url:<28} {'up' if mlflow_up else 'not answering'}  ({ep.health['mlflow']})"
-    )
-    dep_ok = False
-    if prefect_up:
-        code, dep = get_json(ep.deployment_api())
-        if code == 200 and isinstance(dep, dict):
-            dep_ok = dep.get("status") == "READY"
-            paused = " paused" if dep.get("paused") else ""
-            say(
-                f"  deployment      {FLOW}/{DEPLOYMENT:<19} {dep.get('status', '?')}{paused}; schedule: "
-                f"{_schedule_text(dep)}; {ep.prefect_url}/deployments/deployment/{dep.get('id')}"
-            )
-        else:
-            say(f"  deployment      {FLOW}/{DEPLOYMENT:<19} not registered")
-    else:
+    up = {name: answers(url) for name, url in ep.health.items()}
+    for name, label, url in (
+        ("prefect", "Prefect UI/API", ep.prefect_url),
+        ("mlflow", "MLflow UI", ep.mlflow_url),
+    ):
+        say(f"  {label:<15} {url:<28} {'up' if up[name] else 'not answering'}  ({ep.health[name]})")
+    code, dep = get_json(ep.deployment_api()) if up["prefect"] else (0, None)
+    if not up["prefect"]:
         say(f"  deployment      {FLOW}/{DEPLOYMENT:<19} unknown (Prefect is not answering)")
-    return 0 if prefect_up and mlflow_up and dep_ok else 1
+    elif code == 200 and isinstance(dep, dict):
+        paused = " paused" if dep.get("paused") else ""
+        say(
+            f"  deployment      {FLOW}/{DEPLOYMENT:<19} {dep.get('status', '?')}{paused}; schedule: "
+            f"{_schedule_text(dep)}; {ep.prefect_url}/deployments/deployment/{dep.get('id')}"
+        )
+    else:
+        say(f"  deployment      {FLOW}/{DEPLOYMENT:<19} not registered")
+    ok = code == 200 and isinstance(dep, dict) and dep.get("status") == "READY"
+    return 0 if all(up.values()) and ok else 1
 
 
 def env_lines(ep: Endpoints) -> list[str]:
@@ -655,59 +462,15 @@ def _endpoints_for_status(args: dict) -> Endpoints:
     return resolve_endpoints(args.get("host"), args.get("prefect_port"), args.get("mlflow_port"))
 
 
-def check_schedule(cron: str | None, interval: float | None) -> None:
-    """A schedule the deployment will accept, checked before anything starts."""
-    if cron and interval:
-        raise ServeError("give --cron or --interval, not both")
-    if interval is not None and not interval > 0:
-        raise ServeError(f"--interval {interval:g}: must be a positive number of seconds")
-    if cron:
-        from prefect.client.schemas.schedules import CronSchedule
-
-        try:
-            CronSchedule(cron=cron)
-        except ValueError as err:
-            why = err.errors()[0]["msg"] if hasattr(err, "errors") else str(err)
-            raise ServeError(f"--cron {cron!r} is not a valid cron expression ({why})") from None
-
-
-def _become_subreaper() -> bool:
-    """Linux: processes orphaned below us are re-parented to us instead of init (PR_SET_CHILD_SUBREAPER)."""
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    parsers = {
-        "start": sub.add_parser(
-            "start", help="start Prefect server + deployment + MLflow server (Ctrl-C stops)"
-        ),
-        "status": sub.add_parser("status", help="print URLs and whether each answers"),
-        "env": sub.add_parser("env", help="print export lines for PREFECT_API_URL and MLFLOW_TRACKING_URI"),
-        "stop": sub.add_parser("stop", help="stop a running `start`"),
-    }
-    for name in ("start", "status", "env"):
-        p = parsers[name]
+    st = sub.add_parser("start", help="start Prefect server + deployment + MLflow server (Ctrl-C stops)")
+    for p in (st, sub.add_parser("status", help="URLs and whether each answers"), sub.add_parser("env")):
         p.add_argument("--host", default=None, help=f"bind address (STEPRL_HOST, default {DEFAULT_HOST})")
-        p.add_argument(
-            "--prefect-port",
-            type=int,
-            default=None,
-            help=f"Prefect port (STEPRL_PREFECT_PORT, default {DEFAULT_PREFECT_PORT})",
-        )
-        p.add_argument(
-            "--mlflow-port",
-            type=int,
-            default=None,
-            help=f"MLflow port (STEPRL_MLFLOW_PORT, default {DEFAULT_MLFLOW_PORT})",
-        )
-    st = parsers["start"]
+        p.add_argument("--prefect-port", type=int, help="STEPRL_PREFECT_PORT, default 4200")
+        p.add_argument("--mlflow-port", type=int, help="STEPRL_MLFLOW_PORT, default 5000")
+    sub.add_parser("stop", help="stop a running `start`")
     st.add_argument(
         "--cron",
         default=os.environ.get("STEPRL_SCHEDULE_CRON") or None,
@@ -735,27 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command == "start":
             check_schedule(args["cron"], args["interval"])
-            ep = resolve_endpoints(args["host"], args["prefect_port"], args["mlflow_port"])
-            subreaper = _become_subreaper()  # orphans of our children stay ours to stop
-            return start(
-                ep,
-                cron=args["cron"],
-                interval=args["interval"],
-                overrides=args["overrides"],
-                limit=args["limit"],
-                timeout=args["timeout"],
-                sweep_own_children=subreaper,
-            )
+            ep = resolve_endpoints(args.pop("host"), args.pop("prefect_port"), args.pop("mlflow_port"))
+            become_subreaper()  # orphans of the services stay ours to stop
+            return start(ep, **args)
         if command == "status":
             return status(_endpoints_for_status(args), read_state())
         if command == "env":
             print("\n".join(env_lines(_endpoints_for_status(args))))
             return 0
         return stop_running(read_state())
-    except ServeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:  # a bad default override (ConfigError)
+    except (ServeError, ValueError) as err:  # ValueError: a bad default override (ConfigError)
         print(f"error: {err}", file=sys.stderr)
         return 2
 

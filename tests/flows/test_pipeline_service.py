@@ -34,7 +34,7 @@ from flows._experiments import (
     read_metrics,
     run_experiment,
 )
-from flows.serve import Endpoints, ServeError, Service
+from flows.serve import Endpoints, ServeError
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = (REPO / "params.yaml").read_text()
@@ -404,13 +404,18 @@ def _dead_pid() -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# supervisor, with stand-in services (a few lines of Python each) instead of the real servers
+# start (honcho running a Procfile), with stand-in services (a few lines of Python each)
 
 
 FAKE_SERVER = textwrap.dedent("""
-    import http.server, os, subprocess, sys
-    # a grandchild in its own session: it leaves the group, only the process-tree sweep reaches it
-    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    import http.server, os, signal, subprocess, sys
+    if "stubborn" in sys.argv[3:]:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # a grandchild in its own session: it leaves the group, only the subreaper's sweep reaches it;
+    # "holds-output": it keeps the service's stdout open, so honcho alone would wait for it forever
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                           stdout=None if "holds-output" in sys.argv[3:] else subprocess.DEVNULL,
+                           stderr=None if "holds-output" in sys.argv[3:] else subprocess.DEVNULL)
     open(sys.argv[2], "w").write(f"{os.getpid()} {kid.pid}")
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -422,25 +427,28 @@ FAKE_SERVER = textwrap.dedent("""
 SUPERVISOR = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from flows.serve import Endpoints, Service, start
-    tmp = Path(sys.argv[1]); ports = [int(p) for p in sys.argv[2:5]]
-    services = [
-        Service(name, [sys.executable, str(tmp / "fake.py"), str(port), str(tmp / f"{name}.pids")], {},
-                ready_url=f"http://127.0.0.1:{port}/", log=tmp / f"{name}.log" if name != "deployment" else None)
-        for name, port in zip(["mlflow", "prefect", "deployment"], ports)
-    ]
-    sys.exit(start(Endpoints("127.0.0.1", ports[1], ports[0]), services=services, repo=tmp,
+    from flows.serve import Endpoints, become_subreaper, start
+    tmp = Path(sys.argv[1]); ports = [int(p) for p in sys.argv[2:5]]; flags = sys.argv[5:]  # "deployment:stubborn"
+    names = ["mlflow", "prefect", "deployment"]
+    processes = {
+        name: f"exec {sys.executable} {tmp / 'fake.py'} {port} {tmp / name}.pids "
+        + " ".join(f.split(":")[1] for f in flags if f.startswith(name + ":"))
+        for name, port in zip(names, ports)
+    }
+    ready = {name: f"http://127.0.0.1:{port}/" for name, port in zip(names, ports)}
+    become_subreaper()
+    sys.exit(start(Endpoints("127.0.0.1", ports[1], ports[0]), processes=processes, ready=ready, repo=tmp,
                    state_path=tmp / "serve.json", grace=3.0, timeout=60))
 """)
 
 
-def _start_supervisor(tmp_path):
+def _start_supervisor(tmp_path, *flags):
     (tmp_path / "fake.py").write_text(FAKE_SERVER)
     (tmp_path / "sup.py").write_text(SUPERVISOR)
     ports = [str(serve.free_port()) for _ in range(3)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, str(tmp_path / "sup.py"), str(tmp_path), *ports],
+        [sys.executable, str(tmp_path / "sup.py"), str(tmp_path), *ports, *flags],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -457,28 +465,40 @@ def _start_supervisor(tmp_path):
     return proc, pids
 
 
-def test_supervisor_stops_every_process_on_sigterm(tmp_path):
-    proc, pids = _start_supervisor(tmp_path)
+@pytest.mark.parametrize("flags", [(), ("deployment:stubborn",), ("mlflow:holds-output",)])
+def test_start_stops_every_process_on_sigterm(tmp_path, flags):
+    proc, pids = _start_supervisor(tmp_path, *flags)
     state = json.loads((tmp_path / "serve.json").read_text())
-    assert state["pid"] == proc.pid and set(state["children"]) == {"mlflow", "prefect", "deployment"}
+    assert state["pid"] == proc.pid and (state["prefect_port"], state["host"]) == (
+        state["prefect_port"],
+        "127.0.0.1",
+    )
     assert all(_alive(p) for p in pids)
+    t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
+    assert time.monotonic() - t0 < 20  # a process that ignores SIGTERM is killed after the grace
     assert "services are up" in out and "all steprl services stopped" in out
-    # stop order: the deployment first, MLflow last
-    assert out.index(" stopping deployment") < out.index(" stopping prefect") < out.index(" stopping mlflow")
-    assert not [p for p in pids if _alive(p)]
+    for name in ("mlflow", "prefect", "deployment"):
+        assert f"sending SIGTERM to {name}" in out
+    assert ("deployment stopped (rc=-9)" in out) == (
+        "deployment:stubborn" in flags
+    )  # SIGKILL after the grace
+    assert not [p for p in pids if _alive(p)]  # the grandchildren that left their group too
     assert not (tmp_path / "serve.json").exists()
 
 
-def test_supervisor_stops_the_others_when_one_dies(tmp_path):
+def test_start_stops_the_others_when_one_dies(tmp_path):
     proc, pids = _start_supervisor(tmp_path)
     mlflow_pid = int((tmp_path / "mlflow.pids").read_text().split()[0])
     os.kill(mlflow_pid, signal.SIGKILL)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a failed test leaves nothing behind either
     assert proc.returncode == 1, out
-    assert "mlflow exited" in out
+    assert "mlflow stopped (rc=-9)" in out
     assert not [p for p in pids if _alive(p)]
 
 
@@ -489,38 +509,73 @@ def test_start_refuses_a_port_in_use_and_a_second_start(tmp_path):
         busy = s.getsockname()[1]
         ep = Endpoints("127.0.0.1", busy, serve.free_port())
         with pytest.raises(ServeError, match=f"Prefect port {busy} on 127.0.0.1 is in use.*--prefect-port"):
-            serve.start(ep, repo=tmp_path, state_path=tmp_path / "serve.json", services=[])
+            serve.start(ep, repo=tmp_path, state_path=tmp_path / "serve.json")
     (tmp_path / "serve.json").write_text(json.dumps({"pid": os.getpid()}))
     with pytest.raises(ServeError, match="already running"):
         serve.start(
             Endpoints("127.0.0.1", serve.free_port(), serve.free_port()),
             repo=tmp_path,
             state_path=tmp_path / "serve.json",
-            services=[],
         )
 
 
-def test_stop_services_on_processes_that_ignore_sigterm(tmp_path):
-    stubborn = Service(
-        "stubborn",
-        [
-            sys.executable,
-            "-c",
-            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('ready', flush=True); time.sleep(300)",
-        ],
-        dict(os.environ),
-        log=tmp_path / "s.log",
+def test_procfile_runs_the_three_services_on_the_tools_own_settings():
+    procfile = serve.procfile()
+    assert list(procfile) == ["prefect", "mlflow", "deployment"]
+    assert "prefect server start" in procfile["prefect"] and "mlflow/server.sh" in procfile["mlflow"]
+    assert "flows.pipeline serve" in procfile["deployment"]
+    env = serve.service_env(Endpoints("127.0.0.1", 4311, 5055), cron="0 3 * * *", overrides=["seed=1"])
+    assert (env["PREFECT_SERVER_API_HOST"], env["PREFECT_SERVER_API_PORT"]) == ("127.0.0.1", "4311")
+    assert env["PREFECT_UI_API_URL"] == env["PREFECT_API_URL"] == "http://127.0.0.1:4311/api"
+    assert (env["STEPRL_MLFLOW_PORT"], env["MLFLOW_TRACKING_URI"]) == ("5055", "http://127.0.0.1:5055")
+    assert (env["STEPRL_SCHEDULE_CRON"], env["STEPRL_OVERRIDES"]) == ("0 3 * * *", '["seed=1"]')
+
+
+PREFECT_ONLY = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from flows.serve import Endpoints, become_subreaper, procfile, start
+    tmp, port = Path(sys.argv[1]), int(sys.argv[2])
+    ep = Endpoints("127.0.0.1", port, port + 1)
+    become_subreaper()
+    sys.exit(start(ep, processes={"prefect": procfile()["prefect"]}, ready={"prefect": ep.health["prefect"]},
+                   repo=tmp, state_path=tmp / "serve.json", grace=10.0, timeout=180))
+""")
+
+
+def test_prefect_ui_calls_its_own_api_on_a_non_default_port(tmp_path):
+    """`make serve PREFECT_PORT=...`: the UI's settings (what the page's JavaScript reads) point to
+    the port it is served on, not to Prefect's default 4200."""
+    (tmp_path / "sup.py").write_text(PREFECT_ONLY)
+    port = serve.free_port()
+    while not serve.port_free("127.0.0.1", port + 1):
+        port = serve.free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "sup.py"), str(tmp_path), str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    stubborn.start(tmp_path)
-    while "ready" not in (tmp_path / "s.log").read_text():
-        time.sleep(0.05)
-    said = []
-    t0 = time.monotonic()
-    serve.stop_services([stubborn], grace=1.0, say=said.append)
-    assert time.monotonic() - t0 < 10
-    assert stubborn.proc.poll() is not None
-    assert any("did not stop within 1 s" in s for s in said)
+    try:
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "serve.json").is_file():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the Prefect server did not come up"
+            time.sleep(0.2)
+        code, settings = serve.get_json(f"http://127.0.0.1:{port}/ui-settings")
+        assert code == 200 and settings["api_url"] == f"http://127.0.0.1:{port}/api", settings
+        assert serve.get_json(f"http://127.0.0.1:{port}/")[0] == 200  # the page itself
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    assert not [p for p in tree if _alive(p.pid)]
+    assert serve.port_free("127.0.0.1", port)
 
 
 @pytest.mark.parametrize(
