@@ -2,23 +2,81 @@
 
 One section per concern; each stage reads the sections it needs. Unknown keys, wrong types and
 out-of-range values raise :class:`ConfigError` whose message names the full key path and the bad
-value, before any work starts. This module validates a mapping; it does not decide which file to read
-(the flows pass it the path).
+value, before any work starts. Every name is checked against its registry (``task``, each algorithm's
+``preset`` / ``estimator`` / ``policy_loss`` / ``loss_agg``, ``train.kl_kind``; the error lists the known
+names), and so are the rules between fields (e.g. a group-baseline estimator needs
+``samples_per_prompt >= 2``). The modules named in ``plugins`` are imported first, so a task living
+outside this package registers itself before ``task`` is checked. Each task validates its own section
+``tasks.<name>`` with its recipe's ``params_model``.
+
+This module validates a mapping; it does not decide which file to read (the flows pass it the path).
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-__all__ = ["ConfigError", "Params", "load_params", "parse_params"]
+from components.registry import Registry, UnknownNameError
+
+__all__ = ["ConfigError", "Params", "import_plugins", "load_params", "parse_params"]
 
 
 class ConfigError(ValueError):
     """A params file that cannot be used; the message names the key path and the value."""
+
+
+class _KeyedErrors(ValueError):
+    """Errors a validator found at nested key paths (a task's section): (path, message, value) each."""
+
+    def __init__(self, errors: list[tuple[str, str, Any]]) -> None:
+        super().__init__("; ".join(f"{path}: {msg}" for path, msg, _ in errors))
+        self.errors = errors
+
+
+def _registry(name: str) -> Registry[Any]:
+    """A registry by name, imported when first needed (components.algos imports torch)."""
+    if name == "task":
+        from components.envs.registry import TASKS
+
+        return TASKS
+    import components.algos as algos
+
+    return {
+        "estimator": algos.ADVANTAGE_ESTIMATORS,
+        "policy_loss": algos.POLICY_LOSSES,
+        "loss_agg": algos.AGG_MODES,
+        "kl_kind": algos.KL_ESTIMATORS,
+        "preset": algos.PRESETS,
+    }[name]
+
+
+def _known(kind: str) -> Callable[[Any], Any]:
+    """A field validator: the value (if not None) must be a name of registry ``kind``."""
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return value
+        try:
+            _registry(kind).get(value)
+        except UnknownNameError as err:
+            raise ValueError(str(err)) from None
+        return value
+
+    return check
 
 
 class Section(BaseModel):
@@ -26,28 +84,11 @@ class Section(BaseModel):
 
 
 class PrepareParams(Section):
-    # Number of generated problems per split.
+    # Problems (rows) per split; a task that loads a file may give train fewer. The task's own data
+    # settings are its section tasks.<name>.
     n_train: int = Field(2000, ge=1)
     n_val: int = Field(64, ge=1)
     n_test: int = Field(200, ge=1)
-    # Calculator calls per generated problem (each call is one agent step).
-    min_calls: int = Field(1, ge=1, le=8)
-    max_calls: int = Field(2, ge=1, le=8)
-    # Largest operand in generated problems.
-    max_operand: int = Field(99, ge=2, le=10**6)
-    # Weaker demonstrations beside the expert's (train split): the weaker demonstrator answers problems
-    # of at most weak_max_calls operations from mental arithmetic (no tool call); weak_per_question of
-    # its demonstrations per such question on average (0 = none).
-    weak_max_calls: int = Field(0, ge=0, le=8)
-    weak_per_question: float = Field(0.0, ge=0, le=16)
-    # A GSM8K-style file (parquet or jsonl with question/answer); None = generate problems.
-    source_path: str | None = None
-
-    @model_validator(mode="after")
-    def _calls_ordered(self) -> PrepareParams:
-        if self.min_calls > self.max_calls:
-            raise ValueError(f"min_calls={self.min_calls} > max_calls={self.max_calls}")
-        return self
 
 
 class ModelParams(Section):
@@ -133,13 +174,14 @@ class EvaluateParams(Section):
 class AlgoParams(Section):
     """One RL algorithm: a preset (grpo, ppo, steppo) and any part of it overridden."""
 
-    # Preset that fills every part left null below: grpo, ppo or steppo.
-    preset: Literal["grpo", "ppo", "steppo"]
-    # Advantage estimator (components/algos registry); null = the preset's.
+    # Preset that fills every part left null below (components.algos.PRESETS: grpo, ppo, steppo).
+    preset: str
+    # Advantage estimator (components.algos.ADVANTAGE_ESTIMATORS); null = the preset's.
     estimator: str | None = None
-    # Policy loss: ppo, gspo or reinforce; null = the preset's.
+    # Policy loss (components.algos.POLICY_LOSSES: ppo, gspo, reinforce); null = the preset's.
     policy_loss: str | None = None
-    # Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm.
+    # Loss aggregation (components.algos.AGG_MODES: token-mean, seq-mean-token-mean, seq-mean-token-sum,
+    # seq-mean-token-sum-norm); null = the preset's.
     loss_agg: str | None = None
     # Trajectories sampled per prompt (GRPO-family estimators need >= 2).
     samples_per_prompt: int = Field(4, ge=1, le=64)
@@ -150,6 +192,31 @@ class AlgoParams(Section):
     clip_ratio_c: float = Field(3.0, gt=1)
     # Actor learning rate.
     lr: float = Field(1e-4, gt=0, le=1)
+
+    _preset_known = field_validator("preset")(_known("preset"))
+    _estimator_known = field_validator("estimator")(_known("estimator"))
+    _loss_known = field_validator("policy_loss")(_known("policy_loss"))
+    _agg_known = field_validator("loss_agg")(_known("loss_agg"))
+
+    def parts(self) -> dict[str, str | None]:
+        """The resolved parts: the preset's estimator, policy_loss, loss_agg with every non-null
+        override applied, and ``critic`` (None, "token" or "step"), which follows from the estimator."""
+        parts = dict(_registry("preset").get(self.preset))
+        for key in ("estimator", "policy_loss", "loss_agg"):
+            if getattr(self, key) is not None:
+                parts[key] = getattr(self, key)
+        parts["critic"] = _registry("estimator").get(parts["estimator"]).critic
+        return parts
+
+    @model_validator(mode="after")
+    def _groups_have_samples(self) -> AlgoParams:
+        estimator = self.parts()["estimator"]
+        if _registry("estimator").get(estimator).needs_groups and self.samples_per_prompt < 2:
+            raise ValueError(
+                f"estimator {estimator!r} (preset {self.preset!r}) takes its baseline from the other samples "
+                f"of the same prompt and needs samples_per_prompt >= 2 (got {self.samples_per_prompt})"
+            )
+        return self
 
 
 class TrainParams(Section):
@@ -170,7 +237,7 @@ class TrainParams(Section):
     # KL to the frozen SFT reference: coefficient (0 = off), estimator (kl, mse, low_var_kl), and
     # whether it is a loss term (false) or a per-token reward penalty (true).
     kl_coef: float = Field(0.0, ge=0)
-    kl_kind: Literal["kl", "mse", "low_var_kl"] = "low_var_kl"
+    kl_kind: str = "low_var_kl"
     kl_in_reward: bool = False
     # Entropy bonus coefficient.
     entropy_coef: float = Field(0.0, ge=0)
@@ -193,6 +260,8 @@ class TrainParams(Section):
     # Greedy validation on this many val rows every `val_every` iterations (and after the last).
     val_every: int = Field(5, ge=1)
     val_samples: int = Field(64, ge=1)
+
+    _kl_known = field_validator("kl_kind")(_known("kl_kind"))
 
     @model_validator(mode="after")
     def _rollout_logprobs_need_t1(self) -> TrainParams:
@@ -249,8 +318,16 @@ class MLflowParams(Section):
 
 
 class Params(Section):
-    # Task recipe (a folder under components/tasks/).
-    task: Literal["calc"] = "calc"
+    # Task: a name registered in components.envs.TASKS (a folder components/tasks/<name>/, or a module
+    # of `plugins` that registers it). Required: there is no default task.
+    task: str
+    # Modules imported before validation (e.g. a user's package with its own task): importing one
+    # registers what it defines. Names like "mypkg.tasks.toy", importable from the working directory.
+    plugins: list[str] = []
+    # Each task's own params section by task name, validated by that task's params_model (after
+    # validation: the validated model, with the selected task's section filled with its defaults if
+    # it was omitted).
+    tasks: dict[str, Any] = {}
     # Global seed (data generation, model init, sampling).
     seed: int = Field(0, ge=0)
     prepare: PrepareParams = PrepareParams()
@@ -259,14 +336,51 @@ class Params(Section):
     sft: SFTParams = SFTParams()
     rollout: RolloutParams = RolloutParams()
     evaluate: EvaluateParams = EvaluateParams()
-    train: TrainParams = TrainParams()
-    algorithms: dict[str, AlgoParams] = {
-        "grpo": AlgoParams(preset="grpo"),
-        "ppo": AlgoParams(preset="ppo", samples_per_prompt=1),
-        "steppo": AlgoParams(preset="steppo", samples_per_prompt=1, clip_low=3e-4, clip_high=4e-4),
-    }
+    train: TrainParams = Field(default_factory=TrainParams)
+    algorithms: dict[str, AlgoParams] = Field(
+        default_factory=lambda: {
+            "grpo": AlgoParams(preset="grpo"),
+            "ppo": AlgoParams(preset="ppo", samples_per_prompt=1),
+            "steppo": AlgoParams(preset="steppo", samples_per_prompt=1, clip_low=3e-4, clip_high=4e-4),
+        }
+    )
     compare: CompareParams = CompareParams()
     mlflow: MLflowParams = MLflowParams()
+
+    _task_known = field_validator("task")(_known("task"))
+
+    @field_validator("tasks")
+    @classmethod
+    def _task_sections_valid(cls, tasks: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Each section validated by its task's params_model (the selected task's filled with defaults
+        when left out); errors name tasks.<name>.<key>. Runs beside the other fields' checks, so their
+        errors are reported together."""
+        errors: list[tuple[str, str, Any]] = []
+        validated: dict[str, Any] = {}
+        selected = info.data.get("task")  # absent when `task` itself failed
+        for name, section in (({selected: None} if selected else {}) | tasks).items():
+            try:
+                recipe = _registry("task").get(name)
+            except UnknownNameError as err:
+                errors.append((f"tasks.{name}", str(err), name))
+                continue
+            if section is not None and not isinstance(section, dict | recipe.params_model):
+                errors.append((f"tasks.{name}", "must be a mapping of the task's params", section))
+                continue
+            try:
+                validated[name] = recipe.params(section)
+            except ValidationError as err:
+                for e in err.errors():
+                    path = ".".join(["tasks", name, *(str(p) for p in e["loc"])])
+                    errors.append((path, _message(e), e.get("input")))
+        if errors:
+            raise _KeyedErrors(errors)
+        return validated
+
+    @property
+    def task_params(self) -> Any:
+        """The selected task's validated params section (an instance of its recipe's params_model)."""
+        return self.tasks[self.task]
 
     @model_validator(mode="after")
     def _context_fits(self) -> Params:
@@ -281,7 +395,7 @@ class Params(Section):
     @model_validator(mode="after")
     def _rl_prompts_left(self) -> Params:
         rows, n_train = self.sft.rows, self.prepare.n_train
-        if self.prepare.source_path is None and rows is not None and rows >= n_train:
+        if self.task_params.generates_train_rows() and rows is not None and rows >= n_train:
             raise ValueError(
                 f"sft.rows={rows} leaves no train rows for RL prompts (prepare.n_train={n_train}); "
                 f"raise prepare.n_train or lower sft.rows"
@@ -299,23 +413,47 @@ class Params(Section):
         return self
 
 
+def _message(e: dict[str, Any]) -> str:
+    return "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+
+
+def _line(source: str, path: str, msg: str, got: Any) -> str:
+    shown = "" if isinstance(got, dict | BaseModel) else f" (got {got!r})"
+    return f"{source}: {path or '<root>'}: {msg}{shown}"
+
+
 def _format(err: ValidationError, source: str) -> str:
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        got = e.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"{source}: {path}: {msg}{shown}")
+        keyed = (e.get("ctx") or {}).get("error")
+        if isinstance(keyed, _KeyedErrors):
+            lines += [_line(source, path, msg, got) for path, msg, got in keyed.errors]
+            continue
+        lines.append(_line(source, ".".join(str(p) for p in e["loc"]), _message(e), e.get("input")))
     return "\n".join(lines)
 
 
+def import_plugins(raw: dict[str, Any], source: str = "params.yaml") -> None:
+    """Import every module of ``raw["plugins"]`` (each registers its tasks, tools, ... on import)."""
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, list):
+        raise ConfigError(f"{source}: plugins: must be a list of module names (got {plugins!r})")
+    for i, name in enumerate(plugins):
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{source}: plugins.{i}: must be a module name (got {name!r})")
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(f"{source}: plugins.{i}: cannot import {name!r}: {err}") from None
+
+
 def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Params:
-    """Validate a params mapping; raise ConfigError naming every bad key path and value."""
+    """Import ``plugins``, then validate a params mapping; raise ConfigError naming every bad key path
+    and value."""
+    raw = raw or {}
+    import_plugins(raw, source)
     try:
-        return Params.model_validate(raw or {})
+        return Params.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format(err, source)) from None
 

@@ -94,7 +94,7 @@ def evaluate_flow(params: Params, model: str) -> dict[str, float]:
 
         start = time.perf_counter()
         steps, sampled = play(params, model, df.to_dicts())
-        metrics = episode_metrics(steps)
+        metrics = {**episode_metrics(steps), **get_task(params.task).task_metrics(steps)}  # + the task's own
         if sampled:
             metrics.update(sampled_metrics(sampled))
             metrics["sampled_temperature"] = params.evaluate.temperature

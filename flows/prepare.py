@@ -1,8 +1,9 @@
 """Stage `prepare`: the task's train/val/test tables at data/processed/<task>/ (pandera-validated).
 
-Generated from `seed` by the task's generator, or loaded from `prepare.source_path` (a GSM8K-style
-file). Every table is validated against `TaskSchema` before it is written; a bad source row stops
-the stage before any output exists, naming the file, the row and the column.
+Made by the task's recipe from its own params section `tasks.<task>` (generated from `seed`, or read
+from a file the section names) with `prepare.n_train` / `n_val` / `n_test` rows. Every table is
+validated against `TaskSchema` before it is written; a bad source row stops the stage before any
+output exists, naming the file, the row and the column.
 """
 
 from __future__ import annotations
@@ -14,26 +15,19 @@ from components.envs import get_task
 from components.io import write_parquet
 from components.schemas import TaskSchema, validate_table
 from flows import REPO
-from flows._stage import StageError, read_params, repo_path, stage_main
+from flows._stage import StageError, read_params, stage_main
 
 
 def make_splits(params: Params) -> dict:
     p = params.prepare
-    source = repo_path(p.source_path) if p.source_path else None
-    if source is not None and not source.is_file():
-        raise StageError(f"prepare.source_path: {p.source_path!r} does not exist")
     try:
         splits = get_task(params.task).prepare(
+            params.task_params,
             seed=params.seed,
             n_train=p.n_train,
             n_val=p.n_val,
             n_test=p.n_test,
-            min_calls=p.min_calls,
-            max_calls=p.max_calls,
-            max_operand=p.max_operand,
-            weak_max_calls=p.weak_max_calls,
-            weak_per_question=p.weak_per_question,
-            source_path=source,
+            root=REPO,
         )
         return {
             name: validate_table(df, TaskSchema, f"{params.task} {name} split") for name, df in splits.items()

@@ -28,7 +28,6 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components.agent.loop import Episode, episode_metrics
-from components.algos import get_advantage_estimator, get_preset
 from components.config import CompareParams, Params
 from components.envs import get_task
 from components.io import write_json, write_parquet, write_text
@@ -50,14 +49,8 @@ _SESSION: dict[str, RLSession] = {}  # by run name; engines live in the flow pro
 
 
 def resolved(params: Params, algo: str) -> dict:
-    """The algorithm's parts: its preset with every non-null override applied."""
-    a = params.algorithms[algo]
-    parts = dict(get_preset(a.preset))
-    for key in ("estimator", "policy_loss", "loss_agg"):
-        if getattr(a, key) is not None:
-            parts[key] = getattr(a, key)
-    parts["critic"] = get_advantage_estimator(parts["estimator"]).critic
-    return parts
+    """The algorithm's parts: its preset with every non-null override applied (AlgoParams.parts)."""
+    return params.algorithms[algo].parts()
 
 
 def algo_params(params: Params, algo: str, rl_seed: int) -> dict:
@@ -218,7 +211,8 @@ def validate(name: str, k: int, params: Params) -> dict:
         seed=params.seed,
         desc=f"{name} validate {k}",
     )
-    return {f"val/{key}": v for key, v in episode_metrics(steps).items() if key != "n_episodes"}
+    metrics = {**episode_metrics(steps), **spec.task_metrics(steps)}  # the task's own (recipe hook)
+    return {f"val/{key}": v for key, v in metrics.items() if key != "n_episodes"}
 
 
 # --- the flow ------------------------------------------------------------------------------------
@@ -360,6 +354,8 @@ def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
     sync(name)
     timing["sync"] = time.perf_counter() - t1
     metrics = iteration_metrics(pl.read_parquet(batch), out["metrics"])
+    task_metrics = get_task(params.task).task_metrics(pl.read_parquet(rollouts).to_dicts())
+    metrics.update({f"task/{key}": v for key, v in task_metrics.items()})  # the task's own (recipe hook)
     last = k == t.iterations - 1
     if (k + 1) % t.val_every == 0 or last or k == 0:
         t1 = time.perf_counter()
@@ -444,12 +440,7 @@ def main(params: str, algo: str, rl_seed: int) -> None:
             f"sft.rows={p.sft.rows} leaves no RL prompts: the train split has {train_rows} rows "
             "(lower sft.rows, or give the train split more rows)"
         )
-    parts = resolved(p, algo)
-    if get_advantage_estimator(parts["estimator"]).needs_groups and p.algorithms[algo].samples_per_prompt < 2:
-        raise StageError(
-            f"algorithms.{algo}.samples_per_prompt=1 but estimator {parts['estimator']} "
-            "needs samples_per_prompt >= 2 (its baseline is the other samples of the prompt)"
-        )
+    # names and cross-field rules (e.g. group estimators need samples_per_prompt >= 2) were checked at load
     train_flow(p, algo, rl_seed)
 
 

@@ -153,7 +153,10 @@ def test_unknown_key_names_its_full_path():
         ("sft.lr", "x", ["sft.lr", "'x'"]),
         ("sft.steps", 1.5, ["sft.steps", "1.5"]),
         ("sft.lr", -1, ["sft.lr", "-1", "greater than 0"]),
-        ("prepare.max_calls", 99, ["prepare.max_calls", "99", "less than or equal to 8"]),
+        ("tasks.calc.max_calls", 99, ["tasks.calc.max_calls", "99", "less than or equal to 8"]),
+        ("tasks.calc.max_calls", "x", ["tasks.calc.max_calls", "'x'", "valid integer"]),
+        ("tasks.calc.max_callz", 2, ["tasks.calc.max_callz", "unknown key"]),
+        ("prepare.max_calls", 2, ["prepare.max_calls", "unknown key"]),
         ("rollout.engine", "tgi", ["rollout.engine", "'tgi'", "vllm"]),
         ("train.gamma", 1.5, ["train.gamma", "1.5"]),
         ("evaluate.max_samples", 0, ["evaluate.max_samples", "0"]),
@@ -188,7 +191,10 @@ def test_every_bad_key_is_reported_at_once():
             {"train.mini_batch_size": 10, "train.micro_batch_size": 4},
             ["train", "mini_batch_size=10", "micro_batch_size=4"],
         ),
-        ({"prepare.min_calls": 3, "prepare.max_calls": 2}, ["prepare", "min_calls=3", "max_calls=2"]),
+        (
+            {"tasks.calc.min_calls": 3, "tasks.calc.max_calls": 2},
+            ["tasks.calc", "min_calls=3", "max_calls=2"],
+        ),
         ({"model.num_heads": 4, "model.num_kv_heads": 3}, ["model", "num_heads=4", "num_kv_heads=3"]),
         ({"compare.algorithms": ["grpo", "dapo"]}, ["compare.algorithms", "'dapo'", "grpo", "ppo", "steppo"]),
         ({"prepare.n_train": 100, "sft.rows": 100}, ["sft.rows=100", "prepare.n_train=100", "RL prompts"]),
@@ -210,8 +216,8 @@ def test_boundaries_that_are_allowed():
             **{
                 "sft.steps": 10,
                 "sft.warmup_steps": 10,
-                "prepare.min_calls": 2,
-                "prepare.max_calls": 2,
+                "tasks.calc.min_calls": 2,
+                "tasks.calc.max_calls": 2,
                 "sft.batch_size": 16,
                 "sft.micro_batch_size": 4,
                 "compare.algorithms": [],
@@ -224,11 +230,15 @@ def test_boundaries_that_are_allowed():
     # with a source file the row count is only known when the train stage reads the split
     assert (
         parse_params(
-            raw(**{"prepare.source_path": "x.jsonl", "prepare.n_train": 10, "sft.rows": 50})
+            raw(**{"tasks.calc.source_path": "x.jsonl", "prepare.n_train": 10, "sft.rows": 50})
         ).sft.rows
         == 50
     )
-    assert (p.sft.warmup_steps, p.prepare.min_calls, p.sft.batch_size // p.sft.micro_batch_size) == (10, 2, 4)
+    assert (p.sft.warmup_steps, p.task_params.min_calls, p.sft.batch_size // p.sft.micro_batch_size) == (
+        10,
+        2,
+        4,
+    )
     # a user-defined algorithm may be compared once it is a key of `algorithms`
     data = raw(**{"compare.algorithms": ["grpo", "grpo_kl"]})
     data["algorithms"]["grpo_kl"] = {"preset": "grpo", "lr": 0.0002}
@@ -249,10 +259,10 @@ def test_load_params_applies_dotted_overrides(tmp_path):
         load_params(PARAMS, overrides={"sft.lr": "x"})
     # an override may create a section the file leaves out (defaults fill the rest)
     f = tmp_path / "p.yaml"
-    f.write_text("seed: 1\n")
+    f.write_text("task: calc\nseed: 1\n")
     assert load_params(f, overrides={"evaluate.max_samples": 5}).evaluate.max_samples == 5
     # ... or fill a section whose keys are all commented out (YAML null)
-    (tmp_path / "e.yaml").write_text("sft:\n  # lr: 0.1\n")
+    (tmp_path / "e.yaml").write_text("task: calc\nsft:\n  # lr: 0.1\n")
     assert load_params(tmp_path / "e.yaml", overrides={"sft.lr": 0.25}).sft.lr == 0.25
     with pytest.raises(ConfigError, match=r"sft: Input should be a valid dictionary.*\(got None\)"):
         load_params(tmp_path / "e.yaml")
@@ -278,7 +288,8 @@ def test_load_params_errors_name_the_file(tmp_path):
         ("list.yaml", "- a\n- b\n", r"list\.yaml: top level must be a mapping, got list"),
         ("scalar.yaml", "42\n", "got int"),
         ("broken.yaml", "sft: [1, 2\n", r"broken\.yaml: not valid YAML"),
-        ("bad.yaml", "sft:\n  lrr: 0.1\n", r"^.*bad\.yaml: sft\.lrr: unknown key \(got 0\.1\)$"),
+        ("bad.yaml", "task: calc\nsft:\n  lrr: 0.1\n", r"^.*bad\.yaml: sft\.lrr: unknown key \(got 0\.1\)$"),
+        ("notask.yaml", "seed: 1\n", r"^.*notask\.yaml: task: Field required"),
     ],
 )
 def test_load_params_errors_name_the_file_and_the_problem(tmp_path, name, text, message):
@@ -288,7 +299,117 @@ def test_load_params_errors_name_the_file_and_the_problem(tmp_path, name, text, 
         load_params(path)
 
 
-def test_empty_file_gives_the_defaults(tmp_path):
-    empty = tmp_path / "empty.yaml"
-    empty.write_text("# nothing\n")
-    assert load_params(empty) == Params()
+def test_file_with_only_a_task_gives_the_defaults(tmp_path):
+    """`task` is the one required key (no task is built in as a default); the selected task's section
+    may be left out: it is filled with the defaults of the task's params model."""
+    only = tmp_path / "only.yaml"
+    only.write_text("task: calc\n")
+    p = load_params(only)
+    assert p == Params(task="calc")
+    assert set(p.tasks) == {"calc"} and p.task_params == type(p.task_params)()
+    with pytest.raises(ConfigError, match=r"task: Field required"):
+        load_params(_write(tmp_path / "empty.yaml", "# nothing\n"))
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# --- names checked against their registries at load ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key, value, kind, known",
+    [
+        ("algorithms.grpo.estimator", "grpoo", "advantage estimator", ["grpo", "gae", "step_gae", "rloo"]),
+        ("algorithms.ppo.policy_loss", "ppo2", "policy loss", ["gspo", "ppo", "reinforce"]),
+        (
+            "algorithms.steppo.loss_agg",
+            "mean",
+            "loss aggregation mode",
+            ["token-mean", "seq-mean-token-mean"],
+        ),
+        ("algorithms.grpo.preset", "dapo", "algorithm preset", ["grpo", "ppo", "steppo"]),
+        ("train.kl_kind", "k3", "KL estimator", ["kl", "mse", "low_var_kl"]),
+        ("task", "chess", "task", ["calc"]),
+    ],
+)
+def test_unknown_names_are_errors_listing_the_known_ones(key, value, kind, known):
+    msg = error_of(raw(**{key: value}))
+    assert msg.startswith(f"params.yaml: {key}: unknown {kind} {value!r}; valid: ["), msg
+    assert f"(got {value!r})" in msg
+    for name in known:
+        assert repr(name) in msg, (name, msg)
+    assert len(msg.splitlines()) == 1
+
+
+def test_every_registered_name_is_accepted():
+    from components.algos import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+
+    for est in ADVANTAGE_ESTIMATORS.names():
+        p = parse_params(raw(**{"algorithms.grpo.estimator": est}))
+        assert p.algorithms["grpo"].parts()["estimator"] == est
+    for loss in POLICY_LOSSES.names():
+        assert (
+            parse_params(raw(**{"algorithms.ppo.policy_loss": loss})).algorithms["ppo"].parts()["policy_loss"]
+            == loss
+        )
+    for agg in AGG_MODES.names():
+        assert parse_params(raw(**{"algorithms.ppo.loss_agg": agg})).algorithms["ppo"].loss_agg == agg
+    for kl in KL_ESTIMATORS.names():
+        assert parse_params(raw(**{"train.kl_kind": kl})).train.kl_kind == kl
+
+
+@pytest.mark.parametrize(
+    "algo, changes",
+    [
+        ("grpo", {"algorithms.grpo.samples_per_prompt": 1}),  # the preset's own estimator
+        ("ppo", {"algorithms.ppo.estimator": "rloo"}),  # an override on a 1-sample algorithm
+        ("steppo", {"algorithms.steppo.estimator": "gigpo"}),
+    ],
+)
+def test_group_estimator_needs_two_samples_per_prompt(algo, changes):
+    msg = error_of(raw(**changes))
+    assert msg.startswith(f"params.yaml: algorithms.{algo}: estimator "), msg
+    assert "needs samples_per_prompt >= 2 (got 1)" in msg
+
+
+def test_resolved_parts_follow_preset_and_overrides():
+    p = parse_params(raw(**{"algorithms.ppo.policy_loss": "gspo"}))
+    assert p.algorithms["ppo"].parts() == {
+        "estimator": "gae",
+        "policy_loss": "gspo",
+        "loss_agg": "token-mean",
+        "critic": "token",
+    }
+    assert p.algorithms["grpo"].parts()["critic"] is None  # the critic follows the estimator
+    assert (
+        parse_params(raw(**{"algorithms.grpo.estimator": "step_gae"})).algorithms["grpo"].parts()["critic"]
+        == "step"
+    )
+
+
+def test_task_sections_are_the_tasks_own():
+    msg = error_of(raw(**{"tasks.chess": {}}))
+    assert msg.startswith("params.yaml: tasks.chess: unknown task 'chess'; valid: [") and "'calc'" in msg
+    assert "tasks.calc: must be a mapping" in error_of(raw(**{"tasks.calc": 3}))
+    # the selected task's section may be left out: its defaults
+    data = raw()
+    del data["tasks"]
+    p = parse_params(data)
+    assert p.task_params == type(p.task_params)()
+
+
+@pytest.mark.parametrize(
+    "plugins, words",
+    [
+        (["no_such_module_xyz"], ["plugins.0", "'no_such_module_xyz'", "No module named"]),
+        ("tests.tasks", ["plugins", "list of module names"]),
+        ([""], ["plugins.0", "module name"]),
+    ],
+)
+def test_bad_plugins_are_named(plugins, words):
+    msg = error_of(raw(plugins=plugins))
+    for w in words:
+        assert w in msg, (w, msg)

@@ -43,6 +43,7 @@ from components.algos.tensor_ops import (
     shift_left,
     whiten,
 )
+from components.registry import Registry
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -190,7 +191,7 @@ def _check_finite(name: str, x: Tensor) -> None:
         raise ValueError(f"{name} must be finite; {where} is {x[tuple(idx)].item()}")
 
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
 
 
 def _estimator(
@@ -198,19 +199,14 @@ def _estimator(
 ) -> Callable[[Callable[[StepBatch], AdvantageOutput]], AdvantageEstimator]:
     def register(fn: Callable[[StepBatch], AdvantageOutput]) -> AdvantageEstimator:
         est = AdvantageEstimator(name, fn, critic, needs_groups, needs_obs_index)
-        ADVANTAGE_ESTIMATORS[name] = est
-        return est
+        return ADVANTAGE_ESTIMATORS.register(name, est)
 
     return register
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered as ``name``; unknown names raise KeyError listing the valid ones."""
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        valid = sorted(ADVANTAGE_ESTIMATORS)
-        raise KeyError(f"unknown advantage estimator {name!r}; valid: {valid}") from None
+    """The estimator registered as ``name``; unknown names raise UnknownNameError listing the known ones."""
+    return ADVANTAGE_ESTIMATORS.get(name)
 
 
 # ---- trajectory-level helpers -------------------------------------------------------------------

@@ -18,14 +18,46 @@ engine divides the loss by its gradient-accumulation steps (DeepSpeed does), mul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from components.registry import Registry
+
 __all__ = ["AGG_MODES", "aggregate_loss", "loss_normalisers"]
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# mode -> (row_sum (B,), mask (B, L) bool, global_tokens, global_rows, norm_const) -> scalar
+AggMode = Callable[..., Tensor]
+AGG_MODES: Registry[AggMode] = Registry("loss aggregation mode")
+
+
+@AGG_MODES.register("token-mean")
+def _token_mean(row_sum: Tensor, mask: Tensor, global_tokens, global_rows, norm_const) -> Tensor:
+    n = float(mask.sum()) if global_tokens is None else float(global_tokens)
+    return row_sum.sum() / max(n, 1.0)
+
+
+@AGG_MODES.register("seq-mean-token-mean")
+def _seq_mean_token_mean(row_sum: Tensor, mask: Tensor, global_tokens, global_rows, norm_const) -> Tensor:
+    rows = float(mask.any(-1).sum()) if global_rows is None else float(global_rows)
+    row_mean = row_sum / mask.sum(-1).clamp(min=1)  # (B,), 0 for empty rows
+    return row_mean.sum() / max(rows, 1.0)
+
+
+@AGG_MODES.register("seq-mean-token-sum")
+def _seq_mean_token_sum(row_sum: Tensor, mask: Tensor, global_tokens, global_rows, norm_const) -> Tensor:
+    rows = float(mask.any(-1).sum()) if global_rows is None else float(global_rows)
+    return row_sum.sum() / max(rows, 1.0)
+
+
+@AGG_MODES.register("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(row_sum: Tensor, mask: Tensor, global_tokens, global_rows, norm_const) -> Tensor:
+    if norm_const is None or not norm_const > 0:
+        raise ValueError(
+            f"seq-mean-token-sum-norm needs norm_const > 0 (e.g. the max response length), got {norm_const}"
+        )
+    return row_sum.sum() / float(norm_const)
 
 
 def loss_normalisers(
@@ -53,27 +85,10 @@ def aggregate_loss(
     ``global_tokens`` / ``global_rows``: the counts of the whole mini-batch (default: this batch's,
     i.e. no accumulation). ``norm_const`` is required by ``seq-mean-token-sum-norm``. A zero count
     gives a zero loss (nothing to learn from), not NaN."""
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)}")
+    agg = AGG_MODES.get(mode)
     if loss.shape != response_mask.shape or loss.dim() != 2:
         shapes = f"loss {tuple(loss.shape)} and response_mask {tuple(response_mask.shape)}"
         raise ValueError(f"{shapes} must both be (B, L)")
     mask = response_mask.bool()
     token_loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))  # (B, L)
-    row_sum = token_loss.sum(-1)  # (B,)
-
-    if mode == "token-mean":
-        n = float(mask.sum()) if global_tokens is None else float(global_tokens)
-        return row_sum.sum() / max(n, 1.0)
-    if mode == "seq-mean-token-sum-norm":
-        if norm_const is None or not norm_const > 0:
-            raise ValueError(
-                "seq-mean-token-sum-norm needs norm_const > 0 (e.g. the max response length), "
-                f"got {norm_const}"
-            )
-        return row_sum.sum() / float(norm_const)
-    rows = float(mask.any(-1).sum()) if global_rows is None else float(global_rows)
-    if mode == "seq-mean-token-mean":
-        row_mean = row_sum / mask.sum(-1).clamp(min=1)  # (B,), 0 for empty rows
-        return row_mean.sum() / max(rows, 1.0)
-    return row_sum.sum() / max(rows, 1.0)  # seq-mean-token-sum
+    return agg(token_loss.sum(-1), mask, global_tokens, global_rows, norm_const)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from components.algos.tensor_ops import place_on_last_token
+from components.registry import Registry
 
 __all__ = ["KL_ESTIMATORS", "get_kl_estimator", "kl_penalty", "kl_reward"]
 
@@ -36,19 +37,15 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "kl": kl_k1,
-    "mse": kl_k2,
-    "low_var_kl": kl_k3,
-}
+KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator")
+KL_ESTIMATORS.register("kl", kl_k1)
+KL_ESTIMATORS.register("mse", kl_k2)
+KL_ESTIMATORS.register("low_var_kl", kl_k3)
 
 
 def get_kl_estimator(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """The KL estimator registered as ``name``; unknown names raise KeyError listing the valid ones."""
-    try:
-        return KL_ESTIMATORS[name]
-    except KeyError:
-        raise KeyError(f"unknown KL estimator {name!r}; valid: {sorted(KL_ESTIMATORS)}") from None
+    """The KL estimator registered as ``name``; unknown names raise UnknownNameError listing the known ones."""
+    return KL_ESTIMATORS.get(name)
 
 
 def kl_penalty(*, logp: Tensor, ref_logp: Tensor, response_mask: Tensor, kind: str) -> Tensor:

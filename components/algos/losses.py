@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from components.algos.tensor_ops import masked_mean
+from components.registry import Registry
 
 __all__ = ["POLICY_LOSSES", "entropy_from_logits", "get_policy_loss", "value_loss"]
 
@@ -32,23 +33,13 @@ LOG_RATIO_CLAMP = 20.0
 
 LossOut = tuple[Tensor, dict[str, Tensor]]  # per-token loss (B, L), metrics
 PolicyLoss = Callable[..., LossOut]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
-
-
-def _register(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    def register(fn: PolicyLoss) -> PolicyLoss:
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return register
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+_register = POLICY_LOSSES.register
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
-    """The policy loss registered as ``name``; unknown names raise KeyError listing the valid ones."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise KeyError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}") from None
+    """The policy loss registered as ``name``; unknown names raise UnknownNameError listing the known ones."""
+    return POLICY_LOSSES.get(name)
 
 
 def _check(

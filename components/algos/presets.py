@@ -7,23 +7,23 @@ hyper-parameters (those live in params.yaml) or validate a run's config.
 
 from __future__ import annotations
 
+from components.registry import Registry
+
 __all__ = ["PRESETS", "get_preset"]
 
-PRESETS: dict[str, dict[str, str | None]] = {
-    "grpo": {"estimator": "grpo", "policy_loss": "ppo", "loss_agg": "token-mean", "critic": None},
-    "ppo": {"estimator": "gae", "policy_loss": "ppo", "loss_agg": "token-mean", "critic": "token"},
-    "steppo": {
-        "estimator": "step_gae",
-        "policy_loss": "gspo",
-        "loss_agg": "seq-mean-token-mean",
-        "critic": "step",
-    },
-}
+PRESETS: Registry[dict[str, str | None]] = Registry("algorithm preset")
+PRESETS.register(
+    "grpo", {"estimator": "grpo", "policy_loss": "ppo", "loss_agg": "token-mean", "critic": None}
+)
+PRESETS.register(
+    "ppo", {"estimator": "gae", "policy_loss": "ppo", "loss_agg": "token-mean", "critic": "token"}
+)
+PRESETS.register(
+    "steppo",
+    {"estimator": "step_gae", "policy_loss": "gspo", "loss_agg": "seq-mean-token-mean", "critic": "step"},
+)
 
 
 def get_preset(name: str) -> dict[str, str | None]:
-    """A copy of the preset ``name``; unknown names raise KeyError listing the valid ones."""
-    try:
-        return dict(PRESETS[name])
-    except KeyError:
-        raise KeyError(f"unknown algorithm preset {name!r}; valid: {sorted(PRESETS)}") from None
+    """A copy of the preset ``name``; unknown names raise UnknownNameError listing the known ones."""
+    return dict(PRESETS.get(name))

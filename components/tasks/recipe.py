@@ -1,7 +1,26 @@
 """TaskRecipe: everything a pipeline needs from a task, under one registered name.
 
-A task folder builds one TaskRecipe and registers it (``register_task(name, recipe)``); flows look it
-up with ``get_task(params.task)`` and never import a task directly. It holds functions only.
+A task is a plug-in: a module (a folder ``components/tasks/<name>/`` for a built-in task, or any
+importable module listed in params ``plugins``) that builds one TaskRecipe and registers it with
+``register_task(name, recipe)``. Flows look it up with ``get_task(params.task)`` and never import a
+task directly. A recipe holds functions and its params model only:
+
+- ``params_model``: a :class:`TaskParams` subclass, the task's own typed section ``tasks.<name>`` of
+  params.yaml (validated at load with the rest; errors name ``tasks.<name>.<key>``; an omitted section
+  means the model's defaults).
+- ``make_splits(section, *, seed, n_train, n_val, n_test, root)``: the ``{"train", "val", "test"}``
+  tables (TaskSchema: id, question, answer, expert, split, n_calls); ``section`` is the validated
+  params model; relative paths in it are from ``root``. Bad input raises ``ValueError`` naming the key,
+  file, row or column. Called through :meth:`TaskRecipe.prepare`.
+- ``make_env(row=None, *, malformed_penalty=0.0)``: a fresh environment (tools looked up by name in
+  ``components.envs.TOOLS``); ``tools()``: their OpenAI schemas; ``reward(final_text, answer)``;
+  ``initial_messages(row)``: [system, user]; ``expert_messages(row)``: the expert's messages after the
+  user prompt; ``demonstrations(row)``: every demonstration SFT imitates (the expert's first).
+- ``episode_metrics(steps) -> {name: float}`` (optional): task metrics of finished episodes, ``steps``
+  being step records (the rows of a rollouts table: ``traj_id``, ``step``, ``action_text``,
+  ``env_feedback``, ``reward``, ``outcome``, ``n_calls``, ...). ``evaluate`` writes them next to the
+  generic metrics (accuracy, tool calls) in its metrics json and MLflow run; ``train`` logs them as
+  ``task/<name>`` per iteration and ``val/<name>`` at validation. ``None`` = no task metrics.
 """
 
 from __future__ import annotations
@@ -12,58 +31,67 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from pydantic import BaseModel, ConfigDict
 
 from components.envs.base import AgentEnv
 
-__all__ = ["TaskRecipe"]
+__all__ = ["TaskParams", "TaskRecipe"]
+
+
+class TaskParams(BaseModel):
+    """Base of a task's params section (``tasks.<name>``): unknown keys, wrong types and out-of-range
+    values are errors, as everywhere in params.yaml. Subclass it with the task's own fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, validate_default=True)
+
+    def generates_train_rows(self) -> bool:
+        """True when the train split has exactly ``prepare.n_train`` rows (generated data), False when
+        it comes from a file of unknown size; used to check that ``sft.rows`` leaves RL prompts."""
+        return True
 
 
 @dataclass(frozen=True)
 class TaskRecipe:
     name: str
-    # (seed, n_train, n_val, n_test, min_calls, max_calls, max_operand, weak_max_calls, weak_per_question)
-    #   -> {"train", "val", "test"} tables
-    generate_splits: Callable[..., dict[str, pl.DataFrame]]
-    # (path, *, seed, n_train, n_val, n_test) -> {"train", "val", "test"} tables from a file
-    load_splits: Callable[..., dict[str, pl.DataFrame]]
-    # (row=None, **options) -> a fresh environment; reset(row) starts an episode
+    params_model: type[TaskParams]
+    make_splits: Callable[..., dict[str, pl.DataFrame]]
     make_env: Callable[..., AgentEnv]
-    # () -> OpenAI tool schemas
     tools: Callable[[], list[dict[str, Any]]]
-    # (final_text, ground_truth_answer) -> outcome reward
     reward: Callable[[str, str], float]
-    # row -> [system, user] messages
     initial_messages: Callable[[Mapping[str, Any]], list[dict[str, Any]]]
-    # row -> expert messages after the user prompt
     expert_messages: Callable[[Mapping[str, Any]], list[dict[str, Any]]]
-    # row -> every demonstration SFT imitates for the row (the expert's first, then any weaker ones)
     demonstrations: Callable[[Mapping[str, Any]], list[list[dict[str, Any]]]]
+    episode_metrics: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None
+
+    def params(self, section: Mapping[str, Any] | TaskParams | None = None) -> TaskParams:
+        """The validated params section (a mapping, an instance, or None for the defaults).
+        Raises pydantic's ValidationError; components.config turns it into a ConfigError."""
+        if isinstance(section, self.params_model):
+            return section
+        return self.params_model.model_validate(dict(section or {}))
 
     def prepare(
         self,
+        section: Mapping[str, Any] | TaskParams | None,
         *,
         seed: int,
         n_train: int,
         n_val: int,
         n_test: int,
-        min_calls: int,
-        max_calls: int,
-        max_operand: int,
-        weak_max_calls: int = 0,
-        weak_per_question: float = 0.0,
-        source_path: str | Path | None = None,
+        root: str | Path | None = None,
     ) -> dict[str, pl.DataFrame]:
-        """The three splits: generated, or loaded from ``source_path`` when given."""
-        if source_path is not None:
-            return self.load_splits(source_path, seed=seed, n_train=n_train, n_val=n_val, n_test=n_test)
-        return self.generate_splits(
+        """The three splits of this task from its params section (``tasks.<name>``)."""
+        return self.make_splits(
+            self.params(section),
             seed=seed,
             n_train=n_train,
             n_val=n_val,
             n_test=n_test,
-            min_calls=min_calls,
-            max_calls=max_calls,
-            max_operand=max_operand,
-            weak_max_calls=weak_max_calls,
-            weak_per_question=weak_per_question,
+            root=Path(root) if root is not None else Path.cwd(),
         )
+
+    def task_metrics(self, steps: list[dict[str, Any]]) -> dict[str, float]:
+        """The task's own episode metrics of ``steps`` ({} without an ``episode_metrics`` hook)."""
+        if self.episode_metrics is None or not steps:
+            return {}
+        return {str(k): float(v) for k, v in self.episode_metrics(steps).items()}

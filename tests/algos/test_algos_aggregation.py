@@ -36,7 +36,9 @@ def test_modes_by_hand(mode, want):
 
 
 def test_aggregation_errors_and_empty():
-    with pytest.raises(ValueError, match=r"unknown loss aggregation mode 'mean'; valid: \['token-mean', "):
+    with pytest.raises(
+        KeyError, match=r"unknown loss aggregation mode 'mean'; valid: \['seq-mean-token-mean', "
+    ):
         aggregate_loss(loss=LOSS, response_mask=MASK, mode="mean")
     with pytest.raises(ValueError, match="seq-mean-token-sum-norm needs norm_const > 0"):
         aggregate_loss(loss=LOSS, response_mask=MASK, mode="seq-mean-token-sum-norm")

@@ -98,24 +98,24 @@ def test_every_bad_key_gets_its_own_error_line(ws):
 
     def edit(data: dict) -> None:
         data["sft"]["lr"] = "x"
-        data["prepare"]["min_calls"] = 0
+        data["tasks"]["calc"]["min_calls"] = 0
 
     errors = error_lines(stage(ws, "prepare", params_file(ws, "two", edit)), n=2)
-    assert any("prepare.min_calls" in e and "0" in e for e in errors)
+    assert any("tasks.calc.min_calls" in e and "0" in e for e in errors)
     assert any("sft.lr" in e and "'x'" in e for e in errors)
 
 
 def test_bad_source_row_names_file_row_and_column(ws):
-    path = params_file(ws, "bad_source", set_key("prepare.source_path", "inputs/gsm8k_bad.jsonl"))
+    path = params_file(ws, "bad_source", set_key("tasks.calc.source_path", "inputs/gsm8k_bad.jsonl"))
     (err,) = error_lines(stage(ws, "prepare", path))
     assert "gsm8k_bad.jsonl" in err and "row 3" in err and "'answer'" in err, err
     assert not (ws / "data/processed/calc").exists()
 
 
 def test_missing_source_file(ws):
-    path = params_file(ws, "no_source", set_key("prepare.source_path", "inputs/absent.jsonl"))
+    path = params_file(ws, "no_source", set_key("tasks.calc.source_path", "inputs/absent.jsonl"))
     (err,) = error_lines(stage(ws, "prepare", path))
-    assert "prepare.source_path" in err and "absent.jsonl" in err
+    assert "tasks.calc.source_path" in err and "absent.jsonl" in err
 
 
 def test_missing_model_path(ws):
@@ -123,3 +123,29 @@ def test_missing_model_path(ws):
     (err,) = error_lines(stage(ws, "base_model", path))
     assert "model.path" in err and "/nonexistent" in err
     assert not (ws / "models/base").exists()
+
+
+def test_train_refuses_bad_names_before_any_work(ws):
+    """A bad algorithm part once failed inside the update task after the first rollout (or as a bare
+    KeyError traceback); now the train stage stops at load, every bad name on its own line with the
+    known names, nothing written and no Prefect. (One process: a train start costs tens of seconds.)"""
+
+    def edit(data: dict) -> None:
+        data["algorithms"]["grpo"]["policy_loss"] = "ppo2"
+        data["algorithms"]["grpo"]["loss_agg"] = "mean"
+        data["algorithms"]["ppo"]["estimator"] = "grpoo"
+        data["algorithms"]["steppo"]["estimator"] = "rloo"  # a group baseline with samples_per_prompt 1
+
+    path = params_file(ws, "train-names", edit)
+    cmd = [sys.executable, "-m", "flows.train", "--params", path, "--algo", "grpo", "--rl-seed", "0"]
+    proc = run(cmd, ws, timeout=300, check=False)
+    assert [p for p in OUTPUTS if (ws / p).exists()] == []
+    errors = "\n".join(error_lines(proc, n=4))
+    for w in [
+        "algorithms.grpo.policy_loss: unknown policy loss 'ppo2'; valid: ['gspo', 'ppo', 'reinforce']",
+        "algorithms.grpo.loss_agg: unknown loss aggregation mode 'mean'; valid: [",
+        "algorithms.ppo.estimator: unknown advantage estimator 'grpoo'; valid: [",
+        "algorithms.steppo: estimator 'rloo' (preset 'steppo')",
+        "needs samples_per_prompt >= 2 (got 1)",
+    ]:
+        assert w in errors, (w, errors)

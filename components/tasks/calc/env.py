@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.envs.base import ToolEnv
+from components.envs.registry import get_tool
 from components.tasks.calc.calculator import CalculatorTool
 from components.tasks.calc.prompts import SYSTEM_PROMPT
 from components.tasks.calc.reward import parse_answer, score
@@ -14,9 +15,9 @@ __all__ = ["make_env", "tools"]
 
 
 def make_env(row: Mapping[str, Any] | None = None, *, malformed_penalty: float = 0.0) -> ToolEnv:
-    """A fresh calc environment (``row`` is accepted for the common factory signature; reset() takes it)."""
+    """A fresh calc environment, its tool looked up by name in TOOLS (``row`` is accepted for the common factory signature; reset() takes it)."""
     return ToolEnv(
-        [CalculatorTool()],
+        [get_tool(CalculatorTool.name)()],
         score,
         SYSTEM_PROMPT,
         answer_fn=parse_answer,
@@ -26,4 +27,4 @@ def make_env(row: Mapping[str, Any] | None = None, *, malformed_penalty: float =
 
 def tools() -> list[dict[str, Any]]:
     """The OpenAI tool schemas of the calc task (for ``apply_chat_template(tools=...)``)."""
-    return [CalculatorTool().schema()]
+    return [get_tool(CalculatorTool.name)().schema()]
