@@ -56,9 +56,10 @@ def play(params: Params, model: str, rows: list[dict]) -> tuple[list[dict], list
         seed=params.seed,
     )
     renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
+    data_dir = REPO / "data" / "processed" / params.task  # the prepare output (tables and task files)
 
     def episode(row: dict, traj_id: str) -> Episode:
-        return Episode(traj_id, str(row["id"]), spec.make_env(row), row)
+        return Episode(traj_id, str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
 
     def run(eps: list[Episode], temperature: float, desc: str) -> list[dict]:
         return run_episodes(

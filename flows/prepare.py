@@ -28,6 +28,7 @@ def make_splits(params: Params) -> dict:
             n_val=p.n_val,
             n_test=p.n_test,
             root=REPO,
+            data_dir=REPO / "data" / "processed" / params.task,
         )
         return {
             name: validate_table(df, TaskSchema, f"{params.task} {name} split") for name, df in splits.items()

@@ -102,7 +102,9 @@ def rollout(algo: str, name: str, k: int, policy: str, train_split: str, params:
         Episode(
             f"{k}-{row['id']}-{j}",
             f"{k}-{row['id']}",
-            spec.make_env(row, malformed_penalty=t.malformed_penalty),
+            spec.make_env(
+                row, malformed_penalty=t.malformed_penalty, data_dir=REPO / "data" / "processed" / params.task
+            ),
             row,
         )
         for row in picked
@@ -201,7 +203,11 @@ def validate(name: str, k: int, params: Params) -> dict:
         .head(params.train.val_samples)
         .to_dicts()
     )
-    episodes = [Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row), row) for row in rows]
+    data_dir = REPO / "data" / "processed" / params.task
+    episodes = [
+        Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row, data_dir=data_dir), row)
+        for row in rows
+    ]
     steps = _SESSION[name].play(
         episodes,
         max_steps=r.max_steps,

@@ -8,12 +8,16 @@ task directly. A recipe holds functions and its params model only:
 - ``params_model``: a :class:`TaskParams` subclass, the task's own typed section ``tasks.<name>`` of
   params.yaml (validated at load with the rest; errors name ``tasks.<name>.<key>``; an omitted section
   means the model's defaults).
-- ``make_splits(section, *, seed, n_train, n_val, n_test, root)``: the ``{"train", "val", "test"}``
-  tables (TaskSchema: id, question, answer, expert, split, n_calls); ``section`` is the validated
-  params model; relative paths in it are from ``root``. Bad input raises ``ValueError`` naming the key,
-  file, row or column. Called through :meth:`TaskRecipe.prepare`.
-- ``make_env(row=None, *, malformed_penalty=0.0)``: a fresh environment (tools looked up by name in
-  ``components.envs.TOOLS``); ``tools()``: their OpenAI schemas; ``reward(final_text, answer)``;
+- ``make_splits(section, *, seed, n_train, n_val, n_test, root, data_dir)``: the
+  ``{"train", "val", "test"}`` tables (TaskSchema: id, question, answer, expert, split, n_calls, plus
+  any extra columns of the task); ``section`` is the validated params model; relative paths in it are
+  from ``root``; ``data_dir`` (None outside the prepare stage) is the directory the splits are
+  written to (``data/processed/<task>/``, a DVC output), where the task may save what its
+  environment needs besides the tables (e.g. a retrieval index). Bad input raises ``ValueError``
+  naming the key, file, row or column. Called through :meth:`TaskRecipe.prepare`.
+- ``make_env(row=None, *, malformed_penalty=0.0, data_dir=None)``: a fresh environment (tools looked
+  up by name in ``components.envs.TOOLS``); the flows pass ``data_dir`` (the prepare output);
+  ``tools()``: the tools' OpenAI schemas; ``reward(final_text, answer)``;
   ``initial_messages(row)``: [system, user]; ``expert_messages(row)``: the expert's messages after the
   user prompt; ``demonstrations(row)``: every demonstration SFT imitates (the expert's first).
 - ``episode_metrics(steps) -> {name: float}`` (optional): task metrics of finished episodes, ``steps``
@@ -79,8 +83,10 @@ class TaskRecipe:
         n_val: int,
         n_test: int,
         root: str | Path | None = None,
+        data_dir: str | Path | None = None,
     ) -> dict[str, pl.DataFrame]:
-        """The three splits of this task from its params section (``tasks.<name>``)."""
+        """The three splits of this task from its params section (``tasks.<name>``); relative paths of
+        the section are from ``root`` (default: the working directory); ``data_dir``: see make_splits."""
         return self.make_splits(
             self.params(section),
             seed=seed,
@@ -88,6 +94,7 @@ class TaskRecipe:
             n_val=n_val,
             n_test=n_test,
             root=Path(root) if root is not None else Path.cwd(),
+            data_dir=Path(data_dir) if data_dir is not None else None,
         )
 
     def task_metrics(self, steps: list[dict[str, Any]]) -> dict[str, float]:

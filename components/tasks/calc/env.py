@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from components.envs.base import ToolEnv
@@ -14,8 +15,14 @@ from components.tasks.calc.reward import parse_answer, score
 __all__ = ["make_env", "tools"]
 
 
-def make_env(row: Mapping[str, Any] | None = None, *, malformed_penalty: float = 0.0) -> ToolEnv:
-    """A fresh calc environment, its tool looked up by name in TOOLS (``row`` is accepted for the common factory signature; reset() takes it)."""
+def make_env(
+    row: Mapping[str, Any] | None = None,
+    *,
+    malformed_penalty: float = 0.0,
+    data_dir: str | Path | None = None,
+) -> ToolEnv:
+    """A fresh calc environment, its tool looked up by name in TOOLS (``row`` and ``data_dir`` are
+    accepted for the common factory signature and unused: reset() takes the row)."""
     return ToolEnv(
         [get_tool(CalculatorTool.name)()],
         score,

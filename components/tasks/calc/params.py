@@ -40,9 +40,17 @@ class CalcParams(TaskParams):
 
 
 def make_splits(
-    p: CalcParams, *, seed: int, n_train: int, n_val: int, n_test: int, root: Path
+    p: CalcParams,
+    *,
+    seed: int,
+    n_train: int,
+    n_val: int,
+    n_test: int,
+    root: Path,
+    data_dir: Path | None = None,
 ) -> dict[str, pl.DataFrame]:
-    """The three splits: loaded from ``source_path`` when given, else generated."""
+    """The three splits: loaded from ``source_path`` when given, else generated (calc saves nothing
+    besides the tables, so ``data_dir`` is unused)."""
     if p.source_path is not None:
         path = Path(p.source_path)
         path = path if path.is_absolute() else root / path
