@@ -235,28 +235,26 @@ def _hidden_shared(decoder: torch.nn.Module, sp: SharedPrefix) -> tuple[Tensor, 
     return pre.last_hidden_state, out.last_hidden_state
 
 
-def _hidden_at(model: torch.nn.Module, batch: TokenBatch, positions: Tensor) -> Tensor:
-    """Final hidden states of each row at ``positions`` (B, K) -> (B, K, H), without materialising
-    (S, T, V) logits."""
-    if batch.prefix is not None:
-        sp = batch.prefix
-        pre, suf = _hidden_shared(model.get_decoder(), sp)
-        seq = batch.row_seq.unsqueeze(-1).expand_as(positions)  # (B, K) the sequence of each position
-        start = sp.length[seq]
-        in_prefix = positions < start
-        h_pre = pre[sp.group[seq], positions.clamp(max=pre.size(1) - 1)]
-        h_suf = suf[seq, (positions - start).clamp(min=0, max=suf.size(1) - 1)]
-        return torch.where(in_prefix.unsqueeze(-1), h_pre, h_suf)
-    out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    hidden = out.last_hidden_state  # (S, T, H)
-    return hidden[batch.row_seq.unsqueeze(-1), positions]
+def _hidden_at(decoder: torch.nn.Module, batch: TokenBatch, positions: Tensor) -> Tensor:
+    """Final hidden states of the backbone ``decoder`` for each row at ``positions`` (B, K) -> (B, K, H),
+    without materialising (S, T, V) logits; on shared prefixes when the batch has them."""
+    seq = batch.row_seq.unsqueeze(-1).expand_as(positions)  # (B, K) the sequence of each position
+    if batch.prefix is None:
+        out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        return out.last_hidden_state[seq, positions]  # from (S, T, H)
+    sp = batch.prefix
+    pre, suf = _hidden_shared(decoder, sp)
+    start = sp.length[seq]
+    h_pre = pre[sp.group[seq], positions.clamp(max=pre.size(1) - 1)]
+    h_suf = suf[seq, (positions - start).clamp(min=0, max=suf.size(1) - 1)]
+    return torch.where((positions < start).unsqueeze(-1), h_pre, h_suf)
 
 
 def response_logprobs(
     model: torch.nn.Module, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(response token j | context) (B, L), and optionally the entropy of that distribution (B, L)."""
-    h = _hidden_at(model, batch, batch.response_pos)  # (B, L, H)
+    h = _hidden_at(model.get_decoder(), batch, batch.response_pos)  # (B, L, H)
     logits = model.get_output_embeddings()(h).float() / temperature  # (B, L, V)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.response_mask
@@ -267,9 +265,14 @@ def response_logprobs(
 
 
 def critic_values(critic: torch.nn.Module, batch: TokenBatch, *, per_step: bool) -> Tensor:
-    """Critic values: at the last prompt token (B,) if ``per_step``, else at the response positions (B, L)."""
-    out = critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    v = out.logits.squeeze(-1).float()  # (S, T)
+    """Critic values: at the last prompt token (B,) if ``per_step``, else at the response positions (B, L).
+
+    ``critic`` is a transformers token-classification model (backbone, dropout, ``score`` head); the
+    head reads only the positions needed."""
+    backbone = getattr(critic, critic.base_model_prefix)
+    positions = batch.value_pos.unsqueeze(-1) if per_step else batch.response_pos
+    h = _hidden_at(backbone, batch, positions)
+    v = critic.score(critic.dropout(h)).squeeze(-1).float()  # (B, K)
     if per_step:
-        return v[batch.row_seq, batch.value_pos]
-    return v[batch.row_seq.unsqueeze(-1), batch.response_pos] * batch.response_mask
+        return v[:, 0]
+    return v * batch.response_mask

@@ -144,7 +144,7 @@ class RLSession:
                 [r["prompt_ids"] for r in chunk],
                 [r["response_ids"] for r in chunk],
                 self.pad_id,
-                share_prefix=self.critic is None,  # critic_values forwards whole sequences
+                share_prefix=True,
             )
             old = (
                 None

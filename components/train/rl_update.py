@@ -43,7 +43,7 @@ def step_tensors(
 ) -> StepTensors:
     """Tensors of ``rows`` (dicts with prompt_ids, response_ids, advantages, old_logprobs, returns,
     and optionally ref_logprobs, values). ``share_prefix``: the actor forwards each shared prompt
-    once (``make_token_batch``)."""
+    once (``make_token_batch``), and so does the critic."""
     batch = make_token_batch(
         [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id, share_prefix=share_prefix
     )
@@ -210,7 +210,10 @@ def critic_update(
     """Clipped value regression of the critic on the stored returns (one value per step if ``per_step``)."""
     history = []
     for plan in _mini_batches(rows, mini_batch_size, micro_batch_size, epochs, seed + 1):
-        micro = [step_tensors([rows[i] for i in idx], pad_id, per_step_values=per_step) for idx in plan]
+        micro = [
+            step_tensors([rows[i] for i in idx], pad_id, per_step_values=per_step, share_prefix=True)
+            for idx in plan
+        ]
         if per_step:
             count = float(sum(m.returns.numel() for m in micro))
         else:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from train_helpers import tiny_model
 
-from components.train.policy import make_token_batch, response_logprobs, shared_prefix_groups
+from components.train.policy import critic_values, make_token_batch, response_logprobs, shared_prefix_groups
 from components.train.rl_update import step_tensors
 
 SYSTEM = list(range(10, 40))  # 30 tokens every prompt starts with
@@ -108,3 +108,28 @@ def test_update_tensors_share_prompts():
     ]
     assert step_tensors(rows, 0, per_step_values=False, share_prefix=True).batch.prefix is not None
     assert step_tensors(rows, 0, per_step_values=False).batch.prefix is None
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_critic_values_on_shared_prefixes_match(per_step):
+    from transformers import Qwen3ForTokenClassification
+
+    config = tiny_model().config
+    config.num_labels = 1
+    torch.manual_seed(0)
+    critic = Qwen3ForTokenClassification(config).eval()  # eval: no dropout, so both paths are exact
+    prompts, responses = _grpo_like()
+    grads = []
+    values = []
+    for share in (False, True):
+        critic.zero_grad(set_to_none=True)
+        v = critic_values(
+            critic, make_token_batch(prompts, responses, pad_id=0, share_prefix=share), per_step=per_step
+        )
+        v.square().sum().backward()
+        values.append(v.detach())
+        grads.append({n: p.grad.clone() for n, p in critic.named_parameters()})
+    assert values[0].shape == ((len(prompts),) if per_step else (len(prompts), max(map(len, responses))))
+    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=0)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
