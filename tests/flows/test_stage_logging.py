@@ -78,7 +78,11 @@ def test_a_stage_logs_to_the_console_and_to_its_prefect_flow_run(tmp_path):
     assert "| INFO    | Flow run" in console  # printed by Prefect's console handler, not bare print
     back = run([python, "-c", READ_BACK], cwd=ws, timeout=600)
     result = json.loads(back.stdout.split("RESULT", 1)[1])
-    assert result["prepare"]["runs"] == 1
+    assert result["prepare"]["runs"] == 1, (
+        result,
+        sorted(p.name for p in (ws / ".prefect").iterdir()),
+        back.stderr,
+    )
     assert any(m.startswith(line) for m in result["prepare"]["messages"]), result["prepare"]
     assert "a library record" in result["library_logs"]["messages"], result["library_logs"]
     assert "| INFO    | components.some.module - a library record" in back.stderr
