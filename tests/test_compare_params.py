@@ -35,7 +35,7 @@ def test_params_yaml_has_two_rl_seeds_and_six_named_runs():
 )
 def test_bad_seeds_name_the_key(seeds, words):
     with pytest.raises(ConfigError) as err:
-        parse_params({"compare": {"seeds": seeds}})
+        parse_params({"task": "calc", "compare": {"seeds": seeds}})
     for w in words:
         assert w in str(err.value), (w, str(err.value))
 

@@ -60,7 +60,11 @@ def workspace(tmp_path, monkeypatch):
                 f"iteration,val_accuracy,score_mean\n-1,0.5,\n0,{0.6 + 0.1 * seed},{score}\n1,,{score + 0.1}\n"
             )
     params = parse_params(
-        {"compare": {"algorithms": ["grpo", "ppo"], "seeds": [0, 1]}, "evaluate": {"samples": 2}}
+        {
+            "task": "calc",
+            "compare": {"algorithms": ["grpo", "ppo"], "seeds": [0, 1]},
+            "evaluate": {"samples": 2},
+        }
     )
     return tmp_path, params
 
@@ -133,7 +137,7 @@ def test_missing_inputs_are_listed_before_the_flow_starts(workspace):
     root, params = workspace
     (root / "metrics" / "eval_grpo-s1.json").unlink()
     assert compare.inputs(params).count("metrics/eval_grpo-s1.json") == 1
-    (root / "params.yaml").write_text("compare:\n  algorithms: [grpo, ppo]\n  seeds: [0, 1]\n")
+    (root / "params.yaml").write_text("task: calc\ncompare:\n  algorithms: [grpo, ppo]\n  seeds: [0, 1]\n")
     with pytest.raises(
         compare.StageError, match=r"1 input file\(s\) missing, e.g. metrics/eval_grpo-s1.json"
     ):
