@@ -52,9 +52,10 @@ mlflow-ui: setup
 	mlflow ui --backend-store-uri sqlite:///$(abspath mlflow/mlflow.db) \
 	  --default-artifact-root $(abspath mlflow/artifacts) --host 127.0.0.1 --port $(MLFLOW_PORT)
 
-# The services: Prefect server + the `pipeline` deployment (schedule pipeline runs from the Prefect UI,
-# each one a DVC experiment) + MLflow tracking server, all bound to 127.0.0.1. Ctrl-C stops them all.
-# Optional: PREFECT_PORT=4200 MLFLOW_PORT=5000, a schedule CRON="0 3 * * *" or INTERVAL=<seconds>.
+# The services of the Procfile, run by honcho: Prefect server + the `pipeline` deployment (schedule
+# pipeline runs from the Prefect UI, each one a DVC experiment) + MLflow tracking server, all bound to
+# 127.0.0.1. Ctrl-C stops them all. Optional: PREFECT_PORT=4200 MLFLOW_PORT=5000, a schedule
+# CRON="0 3 * * *" or INTERVAL=<seconds>.
 .PHONY: serve status
 PREFECT_PORT ?= 4200
 serve: setup

@@ -40,20 +40,6 @@ from typing import Any, Literal
 
 from components.config import ConfigError, Params, load_params
 
-__all__ = [
-    "PARAM_KEYS",
-    "ExperimentError",
-    "ExperimentResult",
-    "build_overrides",
-    "check_experiment_name",
-    "check_overrides",
-    "check_targets",
-    "experiment_ref",
-    "hydra_value",
-    "read_metrics",
-    "run_experiment",
-]
-
 Baseline = Literal["head", "workspace"]
 
 # The pipeline flow's typed parameters and the params.yaml key each one sets (only when given).
@@ -237,15 +223,26 @@ def ref_exists(repo: Path, ref: str) -> bool:
     return bool(_git(repo, "rev-parse", "--verify", "--quiet", ref, check=False))
 
 
-def params_at(repo: Path, baseline: Baseline, rev: str) -> str:
+def _read_at(repo: Path, baseline: Baseline, rev: str, path: str) -> str | None:
+    """A file of the workspace, or as committed at ``rev`` (dvc.api.read); None if it is not there."""
+    import dvc.api
+    from dvc.exceptions import PathMissingError
+
     if baseline == "workspace":
-        return (repo / "params.yaml").read_text()
-    text = _git(repo, "show", f"{rev}:params.yaml", check=False)
-    if not text:
+        return (repo / path).read_text() if (repo / path).is_file() else None
+    try:
+        return dvc.api.read(path, repo=str(repo), rev=rev)
+    except PathMissingError:
+        return None
+
+
+def params_at(repo: Path, baseline: Baseline, rev: str) -> str:
+    text = _read_at(repo, baseline, rev, "params.yaml")
+    if text is None:
         raise ExperimentError(
             f"params.yaml is not committed at {rev[:8]}; commit it or use baseline='workspace'"
         )
-    return text + "\n"
+    return text
 
 
 def check_targets(repo: Path, baseline: Baseline, rev: str, targets: Sequence[str]) -> list[str]:
@@ -254,10 +251,7 @@ def check_targets(repo: Path, baseline: Baseline, rev: str, targets: Sequence[st
 
     if not targets:
         return []
-    if baseline == "workspace":
-        text = (repo / "dvc.yaml").read_text()
-    else:
-        text = _git(repo, "show", f"{rev}:dvc.yaml", check=False)
+    text = _read_at(repo, baseline, rev, "dvc.yaml")
     stages = sorted(((yaml.safe_load(text) or {}).get("stages") or {}) if text else {})
     for t in targets:
         if not isinstance(t, str) or t.split("@", 1)[0] not in stages:

@@ -1,20 +1,15 @@
-"""`make serve`: the Prefect server, the `pipeline` deployment and the MLflow tracking server (Procfile).
+"""`make serve`: the Prefect server, the `pipeline` deployment and the MLflow tracking server.
 
     python -m flows.serve start [--cron "0 3 * * *" | --interval 3600] [-S key=value ...]   (make serve)
-    python -m flows.serve status      URLs, and whether each answers               (make status)
-    python -m flows.serve env         `export` lines so a shell's own runs report to the servers
-    python -m flows.serve stop        stop a `start` running in another terminal
+    python -m flows.serve status | env | stop     URLs and whether each answers (make status); `export`
+                                                  lines for a shell's own runs; stop a running `start`
 
-`start` checks its flags, then runs the three processes of the repo's Procfile with honcho (a Procfile
-runner), all bound to 127.0.0.1 (ports: --prefect-port/--mlflow-port, or STEPRL_PREFECT_PORT/
-STEPRL_MLFLOW_PORT; defaults 4200 and 5000). The ports reach the tools through their own settings
-(PREFECT_SERVER_API_HOST/PORT, PREFECT_UI_API_URL so the UI calls its own API on any port,
-PREFECT_API_URL, MLFLOW_TRACKING_URI). Ctrl-C or SIGTERM: honcho sends SIGTERM to each process group
-(flow runs included: each stops its `dvc exp run` and removes its clone) and SIGKILL after the grace
-period; this process is their child subreaper, so whatever they orphaned is stopped too.
-
-Prefect keeps its database in <repo>/.prefect, MLflow in mlflow/ (mlflow/server.sh); server logs:
-.prefect/server.log, mlflow/server.log. Schedules belong to the deployment (flags or the UI).
+`start` checks its flags, then runs the three processes of the repo's Procfile with honcho, bound to
+127.0.0.1 (ports: flags, STEPRL_PREFECT_PORT/STEPRL_MLFLOW_PORT, or 4200/5000), the ports passed through
+the tools' own settings (PREFECT_SERVER_API_PORT, PREFECT_UI_API_URL, PREFECT_API_URL, ...). Ctrl-C or
+SIGTERM: the deployment first (its flow runs stop their `dvc exp run` and report it), then honcho stops
+the servers; SIGKILL after the grace period. This process is the child subreaper of them all, so what
+they orphaned is stopped too. Server logs: .prefect/server.log, mlflow/server.log.
 """
 
 from __future__ import annotations
@@ -84,16 +79,6 @@ class Endpoints:
         }
 
 
-def _port(value: object, what: str) -> int:
-    try:
-        port = int(str(value))
-    except ValueError:
-        raise ServeError(f"{what}: {value!r} is not a port number") from None
-    if not 1 <= port <= 65535:
-        raise ServeError(f"{what}: {port} is not a port number (1-65535)")
-    return port
-
-
 def resolve_endpoints(
     host: str | None = None,
     prefect_port: int | None = None,
@@ -101,17 +86,16 @@ def resolve_endpoints(
     env: Mapping[str, str] = os.environ,
 ) -> Endpoints:
     """Flag, else environment variable (STEPRL_HOST, STEPRL_PREFECT_PORT, STEPRL_MLFLOW_PORT), else default."""
-    return Endpoints(
-        host=host or env.get("STEPRL_HOST") or DEFAULT_HOST,
-        prefect_port=_port(
-            prefect_port or env.get("STEPRL_PREFECT_PORT") or DEFAULT_PREFECT_PORT,
-            "--prefect-port / STEPRL_PREFECT_PORT",
-        ),
-        mlflow_port=_port(
-            mlflow_port or env.get("STEPRL_MLFLOW_PORT") or DEFAULT_MLFLOW_PORT,
-            "--mlflow-port / STEPRL_MLFLOW_PORT",
-        ),
-    )
+    ports = []
+    for flag, default, what in (
+        (prefect_port, DEFAULT_PREFECT_PORT, "--prefect-port / STEPRL_PREFECT_PORT"),
+        (mlflow_port, DEFAULT_MLFLOW_PORT, "--mlflow-port / STEPRL_MLFLOW_PORT"),
+    ):
+        value = flag or env.get(what.split()[-1]) or default
+        if not str(value).isdigit() or not 1 <= int(value) <= 65535:
+            raise ServeError(f"{what}: {value!r} is not a port number (1-65535)")
+        ports.append(int(value))
+    return Endpoints(host or env.get("STEPRL_HOST") or DEFAULT_HOST, *ports)
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -251,7 +235,6 @@ def start(
     them exits (exit 1: honcho stops the others). ``ready``: {name: URL answering 200 once it is up};
     by default both health URLs and the deployment's record, re-registered by this start."""
     import honcho.manager
-    import psutil
 
     state = read_state(state_path)
     if state and pid_alive(state.get("pid")):
@@ -278,10 +261,15 @@ def start(
     env = service_env(ep, cron=cron, interval=interval, overrides=overrides, limit=limit, repo=repo)
 
     class Manager(honcho.manager.Manager):
+        stopping = False
+
         def terminate(self) -> None:  # honcho's stop of all processes (a signal, or one of them exited)
+            if not self.stopping:  # the deployment first: its flow runs report to both servers as they stop
+                self.stopping = True
+                _stop_first("deployment", grace)
             super().terminate()
             # honcho waits for each process's output to end: kill whatever still holds it after the grace
-            killer = threading.Timer(grace + 5, _kill_all)
+            killer = threading.Timer(grace + 5, _kill_all)  # (orphans, stubborn processes)
             killer.daemon = True
             killer.start()
 
@@ -289,18 +277,12 @@ def start(
     processes = dict(processes or procfile(repo))
     for name, cmd in processes.items():
         manager.add_process(name, cmd, env=env, cwd=str(repo))
-    sessions: set[int] = set()  # honcho starts each process in its own session
     honcho.manager.KILL_WAIT = grace  # a flow run takes ~8 s to stop its `dvc exp run` (2 busy cores)
     ready = dict(ready or {**ep.health, "deployment": ep.deployment_api()})
     failed = []
 
     def watch() -> None:  # banner and state file once everything answers; stop all if it never does
         time.sleep(1.0)  # honcho forks its process readers first; this thread holds no lock meanwhile
-        me, end = psutil.Process(), time.monotonic() + 10
-        while len(sessions) < len(processes) and time.monotonic() < end:  # the services' sessions
-            with contextlib.suppress(psutil.Error):
-                sessions.update(c.pid for r in me.children() for c in r.children())
-            time.sleep(0.1)
         pending = dict(ready)
         while pending and time.monotonic() - t0 < timeout:
             for name, url in list(pending.items()):
@@ -321,48 +303,43 @@ def start(
     threading.Thread(target=watch, daemon=True).start()
     try:
         manager.loop()
-    finally:
-        _sweep(sessions, grace)
+    finally:  # what is left is orphans: flow runs still stopping their `dvc exp run` (no second SIGTERM)
+        _kill_all(grace)
         if (read_state(state_path) or {}).get("pid") == os.getpid():
             state_path.unlink(missing_ok=True)
         print("all steprl services stopped", flush=True)
     return 0 if manager.returncode in (130, 143) and not failed else 1  # a signal, else one of them died
 
 
-def _kill_all() -> None:
+def _stop_first(name: str, grace: float) -> None:
+    """SIGTERM the process group of honcho's process ``name``; wait up to ``grace`` s for all of it."""
+    import multiprocessing
+
+    import psutil
+
+    for reader in (r for r in multiprocessing.active_children() if r.name == name):  # honcho's reader
+        with contextlib.suppress(psutil.Error, OSError):
+            for leader in psutil.Process(reader.pid).children():
+                group = [leader, *leader.children(recursive=True)]
+                print(f"{time.strftime('%H:%M:%S')} stopping {name} first (pid {leader.pid})", flush=True)
+                os.killpg(leader.pid, signal.SIGTERM)
+                psutil.wait_procs(group, timeout=grace)
+
+
+def _kill_all(grace: float = 0.0) -> None:
+    """SIGKILL every process below this one but honcho's output readers, after up to ``grace`` seconds."""
     import multiprocessing
 
     import psutil
 
     readers = {r.pid for r in multiprocessing.active_children()}
-    for p in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if p.pid not in readers:
-                p.kill()
-
-
-def _sweep(sessions: set[int], grace: float) -> None:
-    """Stop what is left of the services: processes of their sessions already had honcho's SIGTERM and
-    get ``grace`` seconds to finish (a flow run stopping its `dvc exp run`); orphans from elsewhere get
-    SIGTERM now; then SIGKILL for anything still alive."""
-    import multiprocessing
-
-    import psutil
-
-    for reader in multiprocessing.active_children():  # honcho's output readers: done once all stopped
-        reader.join(5)
-    me = psutil.Process()
-    for p in me.children():
-        with contextlib.suppress(psutil.Error, OSError):
-            if os.getsid(p.pid) not in sessions:
-                p.terminate()
-    psutil.wait_procs(me.children(recursive=True), timeout=grace)
-    left = me.children(recursive=True)
+    procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in readers]
+    _, left = psutil.wait_procs(procs, timeout=grace)
     for p in left:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(left, timeout=5)
-    if left:
+    if left and grace:
         print(f"killed {len(left)} leftover process(es): {sorted(p.pid for p in left)}", flush=True)
 
 
@@ -467,32 +444,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     st = sub.add_parser("start", help="start Prefect server + deployment + MLflow server (Ctrl-C stops)")
     for p in (st, sub.add_parser("status", help="URLs and whether each answers"), sub.add_parser("env")):
-        p.add_argument("--host", default=None, help=f"bind address (STEPRL_HOST, default {DEFAULT_HOST})")
+        p.add_argument("--host", help=f"bind address (STEPRL_HOST, default {DEFAULT_HOST})")
         p.add_argument("--prefect-port", type=int, help="STEPRL_PREFECT_PORT, default 4200")
         p.add_argument("--mlflow-port", type=int, help="STEPRL_MLFLOW_PORT, default 5000")
     sub.add_parser("stop", help="stop a running `start`")
-    st.add_argument(
-        "--cron",
-        default=os.environ.get("STEPRL_SCHEDULE_CRON") or None,
-        help='schedule of the deployment, e.g. "0 3 * * *" (STEPRL_SCHEDULE_CRON; default none)',
-    )
-    st.add_argument(
-        "--interval",
-        type=float,
-        default=os.environ.get("STEPRL_SCHEDULE_INTERVAL") or None,
-        help="schedule every N seconds (STEPRL_SCHEDULE_INTERVAL; default none)",
-    )
-    st.add_argument(
-        "-S",
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="default params overrides of the deployment's runs (editable in the UI)",
-    )
+    env = os.environ.get
+    st.add_argument("--cron", default=env("STEPRL_SCHEDULE_CRON") or None, help='e.g. "0 3 * * *"')
+    st.add_argument("--interval", type=float, default=env("STEPRL_SCHEDULE_INTERVAL") or None, help="seconds")
+    st.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     st.add_argument("--limit", type=int, default=1, help="most pipeline runs at once (default 1)")
-    st.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the services to answer")
+    st.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the services")
     args = vars(parser.parse_args(argv))
     command = args.pop("command")
     try:

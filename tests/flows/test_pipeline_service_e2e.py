@@ -108,6 +108,8 @@ def service(tmp_path_factory):
         time.sleep(0.5)
     startup = time.monotonic() - t0
     print(f"\nservice start-up (both UIs and the deployment answering): {startup:.1f} s")
+    with urllib.request.urlopen(f"http://127.0.0.1:{pport}/ui-settings", timeout=30) as r:
+        assert json.loads(r.read())["api_url"] == f"http://127.0.0.1:{pport}/api"  # the UI's own port
     info = {
         "ws": ws,
         "proc": proc,
