@@ -115,7 +115,7 @@ def pipeline(
     """Run the steprl pipeline as a DVC experiment and log it to MLflow.
 
     Args:
-        task: Task recipe (params.yaml `task`, e.g. calc). Empty = keep params.yaml's value.
+        task: Task recipe (params.yaml `task`, a registered task name). Empty = keep params.yaml's value.
         algorithms: RL algorithms to train and compare (params.yaml `compare.algorithms`,
             e.g. ["grpo", "ppo"]). Empty = keep params.yaml's value.
         seed: Global seed (params.yaml `seed`). Empty = keep params.yaml's value.

@@ -13,7 +13,7 @@ Departures from Agent-R1's ToolEnv:
 1. The episode ends at the first response without tool-call markup (a final answer); its reward is the
    task's outcome reward. Tool (process) rewards and the malformed-call penalty land on their own step.
 2. A tool's time limit is enforced with a daemon thread: a tool that overruns is reported as timed out
-   and abandoned, not killed, so tools must bound their own work (the calculator does).
+   and abandoned, not killed, so tools must bound their own work.
 """
 
 from __future__ import annotations

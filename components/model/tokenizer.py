@@ -4,7 +4,7 @@ What it does: trains a byte-level BPE with the ``tokenizers`` library on the tex
 every digit into its own token (so a small model can copy numbers digit by digit), registers the chat
 special tokens and the tool-call markup as single ids, and attaches a Jinja chat template that renders
 
-    <|im_start|>system\\n[system text\\n\\n]# Tools\\n- calculator(expression: string): ...<|im_end|>\\n
+    <|im_start|>system\\n[system text\\n\\n]# Tools\\n- tool_name(argument: string): ...<|im_end|>\\n
     <|im_start|>user\\n...<|im_end|>\\n
     <|im_start|>assistant\\n<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call><|im_end|>\\n
     <|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n      (consecutive tool results share one turn)

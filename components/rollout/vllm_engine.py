@@ -9,7 +9,7 @@ Departure from vLLM's defaults:
    scheduler steps ("CPU Generator does not use offset"), and per-request seeds are what make a
    rollout reproducible whatever else is in the batch.
 2. Prefix caching is asked for explicitly (``prefix_caching=True``, vLLM's default on x86 CPUs too):
-   every calc prompt starts with the same system prompt and tool schema and GRPO samples each prompt
+   every prompt of a task starts with the same system prompt and tool schema and GRPO samples each prompt
    several times, so most prompt blocks are cached. ``sync_weights`` resets the cache (cached keys
    and values were computed by the old weights). ``log_stats=True`` keeps vLLM's statistics on so
    ``prefix_cache_stats()`` can read the hit counters (``benchmarks/prefix_cache.py``).

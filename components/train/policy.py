@@ -14,7 +14,7 @@ sequence per chain (``input_ids`` has S <= B rows, ``row_seq`` maps row -> seque
 the tokens a multi-turn batch forwards by about the number of turns.
 
 Shared prompts (``share_prefix=True``): the samples of one prompt (a GRPO group) start with the same
-prompt tokens, and every calc prompt with the same system prompt and tool schema. The distinct
+prompt tokens, and every prompt of a task with the same system prompt and tool schema. The distinct
 sequences are cut into groups that share a prefix (``shared_prefix_groups``: the split that
 forwards the fewest tokens); each group's prefix is forwarded once, its key/value cache is handed to
 every member, and only the members' own tokens are forwarded on top of it. Gradients of the shared
