@@ -112,6 +112,9 @@ def _record(
             "n_valid_calls": int(info.get("n_valid_calls", 0)),
             "format_error": bool(info.get("format_error", False)),
             "correct": bool(info.get("correct", False)),
+            # The task's own numbers of the episode, as the environment wrote them (a JSON string in
+            # info["task_metrics"] of the final step, else ""): read by the recipe's episode_metrics hook.
+            "task_metrics": str(info.get("task_metrics") or ""),
         }
     )
 
