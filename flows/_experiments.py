@@ -265,29 +265,20 @@ def dirty_files(repo: Path) -> list[str]:
     return [line[3:] for line in out.splitlines() if line.strip()]
 
 
-def read_metrics(repo: Path, rev: str, since: str | None = None, folder: str = "metrics") -> dict[str, float]:
-    """Numeric values of the JSON metrics files committed at ``rev``, as {"<file stem>.<key>": value}.
-
-    With ``since`` (the baseline commit), only the files the experiment changed: a run of one stage
-    does not report the baseline's metrics of stages it did not run.
-    """
-    out: dict[str, float] = {}
-    if since:
-        names = _git(repo, "diff", "--name-only", since, rev, "--", folder, check=False)
-    else:
-        names = _git(repo, "ls-tree", "-r", "--name-only", rev, "--", folder, check=False)
-    for name in names.splitlines():
-        if not name.endswith(".json"):
-            continue
-        try:
-            data = json.loads(_git(repo, "show", f"{rev}:{name}"))
-        except (json.JSONDecodeError, ExperimentError):
-            continue
-        stem = Path(name).stem
-        for key, value in data.items() if isinstance(data, dict) else []:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                out[f"{stem}.{key}"] = float(value)
-    return out
+def read_metrics(repo: Path, rev: str, since: str) -> dict[str, float]:
+    """The numeric metrics (dvc.yaml `metrics`) that changed from ``since`` to ``rev``, as
+    {"<file stem>.<key>": value}, from `dvc metrics diff --json`: a run of one stage does not report
+    the baseline's metrics of stages it did not run."""
+    cmd = [sys.executable, "-m", "dvc", "metrics", "diff", "--json", since, rev]
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ExperimentError(f"dvc metrics diff failed in {repo}: {proc.stderr.strip()[-2000:]}")
+    return {
+        f"{Path(path).stem}.{key}": float(change["new"])
+        for path, changes in (json.loads(proc.stdout or "{}") or {}).items()
+        for key, change in changes.items()
+        if isinstance(change.get("new"), (int, float)) and not isinstance(change.get("new"), bool)
+    }
 
 
 def _cache_dir(repo: Path) -> str:

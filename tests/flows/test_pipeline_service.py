@@ -204,23 +204,28 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(cmd, cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def test_read_metrics_reads_committed_json_and_only_changed_files_since_baseline(tmp_path):
+def test_read_metrics_reports_the_numeric_metrics_changed_since_the_baseline(tmp_path):
     _git(tmp_path, "init", "-q")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
     (tmp_path / "metrics").mkdir()
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: 'true'\n    metrics:\n"
+        "    - metrics/sft.json: {cache: false}\n    - metrics/eval_sft.json: {cache: false}\n"
+    )
     (tmp_path / "metrics" / "sft.json").write_text(
         json.dumps({"loss": 1.5, "steps": 4, "name": "x", "ok": True})
     )
     (tmp_path / "metrics" / "eval_sft.json").write_text(json.dumps({"accuracy": 0.25}))
-    (tmp_path / "metrics" / "notes.txt").write_text("not json")
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "base")
     base = _git(tmp_path, "rev-parse", "HEAD")
-    (tmp_path / "metrics" / "sft.json").write_text(json.dumps({"loss": 0.5, "steps": 8}))
+    (tmp_path / "metrics" / "sft.json").write_text(json.dumps({"loss": 0.5, "steps": 8, "ok": False}))
     _git(tmp_path, "commit", "-qam", "exp")
     rev = _git(tmp_path, "rev-parse", "HEAD")
-    assert read_metrics(tmp_path, base) == {"sft.loss": 1.5, "sft.steps": 4.0, "eval_sft.accuracy": 0.25}
     assert read_metrics(tmp_path, rev, since=base) == {"sft.loss": 0.5, "sft.steps": 8.0}
     assert read_metrics(tmp_path, rev, since=rev) == {}
+    with pytest.raises(ExperimentError, match="dvc metrics diff failed"):
+        read_metrics(tmp_path, "no-such-rev", since=base)
 
 
 def test_run_experiment_refuses_a_repo_without_commits_and_bad_names(tmp_path):
