@@ -312,16 +312,16 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
 
 
 def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run_id: str | None):
-    """The run's MLflow run: the shared sections train and rollout as they are, ``seed`` (of the SFT
-    model), and this algorithm's parts under ``algo.*`` (:func:`algo_params`); no other algorithm's
-    block. ``params.seed`` is already the RL seed here."""
+    """The run's MLflow run: the shared sections train and rollout as they are, ``seed`` (the RL seed:
+    ``params.seed`` is already replaced here; the SFT model's seed is the tag ``steprl.sft_seed``) and
+    this algorithm's parts under ``algo.*`` (:func:`algo_params`); no other algorithm's block."""
     return mlflow_run(
         params,
         CompareParams.run_name(algo, rl_seed),
         ["train", "rollout"],
         run_id=run_id,
         tags={"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)},
-        extra_params={"seed": sft_seed, **algo_params(params, algo, rl_seed)},
+        extra_params=algo_params(params, algo, rl_seed),
     )
 
 

@@ -85,11 +85,11 @@ def test_train_runs_log_the_algorithm_under_shared_keys_and_no_other_algorithm(s
     algo_keys = {k for k in ppo.params if k.startswith("algo.")}
     assert algo_keys == {k for k in grpo.params if k.startswith("algo.")}
     assert not [k for k in ppo.params if k.startswith("algorithms.")]
-    # the shared sections as they are; seed is the SFT seed (the RL seed is algo.rl_seed)
+    # the shared sections as they are; seed is the run's RL seed, the SFT model's is a tag
     assert ppo.params["train.iterations"] == str(params.train.iterations)
     assert ppo.params["rollout.max_steps"] == str(params.rollout.max_steps)
-    assert ppo.params["seed"] == "0" and ppo.params["task"] == params.task
-    assert ppo.tags["steprl.algo"] == "ppo"
+    assert ppo.params["seed"] == "1" and ppo.params["task"] == params.task
+    assert ppo.tags["steprl.algo"] == "ppo" and ppo.tags["steprl.sft_seed"] == "0"
 
 
 def test_runs_are_tagged_with_the_git_commit_and_the_dvc_experiment(store, monkeypatch):
