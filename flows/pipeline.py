@@ -266,9 +266,14 @@ def serve_pipeline(
     limit: int | None = 1,
 ) -> None:
     """Serve the deployment pipeline/<name> from this process (blocks; flow runs are subprocesses)."""
+    import warnings
+
     from prefect import get_client
     from prefect.deployments.runner import EntrypointType
 
+    # Prefect's SIGTERM handler calls the async Runner.stop without awaiting it (the schedules are
+    # still paused on the way out); keep its warning out of the `make serve` output.
+    warnings.filterwarnings("ignore", "coroutine 'Runner.astop' was never awaited")
     parameters = {"overrides": list(overrides)} if overrides else None
     with get_client(sync_client=True) as client:  # started next to the server: wait until it answers
         deadline = time.monotonic() + 240

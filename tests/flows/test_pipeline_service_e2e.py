@@ -7,12 +7,14 @@ server, which also lists a run logged before it started), and a clean stop with 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -224,9 +226,14 @@ def test_mlflow_runs_logged_it_through_the_server(service, scheduled):
 
 
 def test_stage_flows_reported_to_the_prefect_server(service, scheduled):
-    runs = _post(
-        f"{service['prefect']}/api/flow_runs/filter", {"flows": {"name": {"any_": ["sft", "base_model"]}}}
-    )
+    # the stage flows of the scheduled run (the time filter keeps out a flow run another process on a
+    # shared machine once sent to this workspace's temporary server through a reused port)
+    start = scheduled["flow_run"].start_time.isoformat()
+    query = {
+        "flows": {"name": {"any_": ["sft", "base_model"]}},
+        "flow_runs": {"start_time": {"after_": start}},
+    }
+    runs = _post(f"{service['prefect']}/api/flow_runs/filter", query)
     assert {r["state_type"] for r in runs} == {"COMPLETED"} and len(runs) >= 2
 
 
@@ -244,7 +251,7 @@ def test_status_then_ctrl_c_during_a_run_leaves_nothing_behind(service, schedule
     )
 
     with temporary_settings({PREFECT_API_URL: f"{service['prefect']}/api"}):
-        run_deployment(
+        interrupted = run_deployment(
             "pipeline/steprl",
             timeout=0,
             parameters={
@@ -284,6 +291,12 @@ def test_status_then_ctrl_c_during_a_run_leaves_nothing_behind(service, schedule
     assert "all steprl services stopped" in out and "Execution was aborted by a termination signal" in out
     assert not list((ws / ".dvc" / "tmp" / "steprl-runs").glob("*"))  # the interrupted run removed its clone
     assert "interrupted" not in _exp_rows(ws)
+    # the deployment was stopped before the Prefect server: the run's end reached it
+    with contextlib.closing(sqlite3.connect(ws / ".prefect" / "prefect.db")) as db:
+        (state,) = db.execute(
+            "SELECT state_type FROM flow_run WHERE id = ?", (str(interrupted.id),)
+        ).fetchone()
+    assert state == "CRASHED"
 
 
 def test_workspace_baseline_runs_the_workspace_as_it_is_in_a_temp_dir(service, scheduled):
