@@ -181,3 +181,29 @@ def test_bad_files(tmp_path):
             top_k=2,
             max_result_chars=400,
         )
+
+
+def test_recipe_prepare_from_local_files(tmp_path):
+    from components.envs import get_task
+    from components.schemas import TaskSchema, validate_table
+
+    write_jsonl(tmp_path / "dev.jsonl", RECORDS)
+    write_jsonl(
+        tmp_path / "corpus.jsonl",
+        [{"id": str(i), "title": t, "text": " ".join(s)} for i, (t, s) in enumerate(CONTEXT.items())],
+    )
+    recipe = get_task("search")
+    section = {"questions_path": "dev.jsonl", "corpus_path": "corpus.jsonl"}  # relative to root
+    assert not recipe.params(section).generates_train_rows()
+    out = tmp_path / "data"
+    splits = recipe.prepare(section, seed=0, n_train=10, n_val=1, n_test=1, root=tmp_path, data_dir=out)
+    for name, df in splits.items():
+        validate_table(df, TaskSchema, name)
+    assert splits["train"].height == 3 and (out / "index" / "passages.parquet").is_file()
+    row = splits["test"].row(0, named=True)
+    env = recipe.make_env(row, data_dir=out)
+    env.reset(row)
+    for m in recipe.expert_messages(row):
+        if m.get("tool_calls"):
+            env.step(f"<tool_call>\n{json.dumps(m['tool_calls'][0]['function'])}\n</tool_call>")
+    assert env.step(recipe.expert_messages(row)[-1]["content"]).reward == 1.0
