@@ -145,13 +145,11 @@ def run_stage(tree: Path, args: list[str], threads: int, log: Path) -> dict:
 
 
 def model_shape(tree: Path) -> dict:
-    from transformers import AutoConfig
-    from transformers.modeling_utils import no_init_weights
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(tree / "models" / "sft")
-    from transformers import AutoModelForCausalLM
-
-    with no_init_weights():
+    with torch.device("meta"):  # shapes only
         model = AutoModelForCausalLM.from_config(cfg)
     total = sum(p.numel() for p in model.parameters())
     embed = model.get_input_embeddings().weight.numel()
@@ -222,13 +220,23 @@ def matmul_peak(threads: int) -> dict[str, float]:
 
 
 def measure(
-    tree: Path, commit: str | None, iterations: int, threads: int, sets: list[str], overlay: list[str] = ()
+    tree: Path,
+    commit: str | None,
+    iterations: int,
+    threads: int,
+    sets: list[str],
+    overlay: list[str] = (),
+    reuse: Path | None = None,
 ) -> dict:
     skipped = prepare_copy(tree, commit, iterations, sets, overlay)
     log = tree / "benchmark.log"
     stages = {}
-    for stage in ("prepare", "base_model", "sft"):
-        stages[stage] = run_stage(tree, ["-m", f"flows.{stage}"], threads, log)
+    if reuse is not None:  # the data and SFT model of an earlier copy: only the train stage runs
+        for rel in ("data", "models"):
+            shutil.copytree(reuse / rel, tree / rel)
+    else:
+        for stage in ("prepare", "base_model", "sft"):
+            stages[stage] = run_stage(tree, ["-m", f"flows.{stage}"], threads, log)
     stages["train"] = run_stage(tree, ["-m", "flows.train", "--algo", "grpo", "--rl-seed", "0"], threads, log)
     params = yaml.safe_load((tree / "params.yaml").read_text())
     recompute = params["train"].get("old_logprobs", "recompute") == "recompute"
@@ -249,7 +257,7 @@ def measure(
         per_iter.append({"timing": timing, "tokens": tok, "flops": flops})
     used = per_iter[1:] or per_iter
     med = lambda f: statistics.median(f(x) for x in used)  # noqa: E731
-    return {
+    result = {
         "tree": str(tree),
         "commit": (commit or "working tree") + (" + overlay" if overlay else ""),
         "skipped_override_keys": skipped,
@@ -265,6 +273,8 @@ def measure(
         },
         "flops": {t: med(lambda x, t=t: x["flops"][t]) for t in ("rollout", "old_logprobs", "update")},
     }
+    (tree / "benchmark_result.json").write_text(json.dumps(result, indent=2))
+    return result
 
 
 def report(results: list[dict], peak: dict, threads: int) -> str:
@@ -296,7 +306,7 @@ def report(results: list[dict], peak: dict, threads: int) -> str:
         ),
     )
     add("MFU iteration", lambda r: f"{sum(r['flops'].values()) / r['seconds']['iteration'] / fp32:.1%}")
-    for s in ("prepare", "base_model", "sft", "train"):
+    for s in [s for s in ("prepare", "base_model", "sft", "train") if all(s in r["stages"] for r in results)]:
         add(
             f"stage {s}: wall s / peak RSS MiB",
             lambda r, s=s: f"{r['stages'][s]['wall_s']:.0f} / {r['stages'][s]['peak_rss_mib']:.0f}",
@@ -331,6 +341,11 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="a commit to measure in the same run (git archive)")
     ap.add_argument("--set", action="append", default=[], help="extra params override key.path=value")
     ap.add_argument("--workdir", default=None, help="where the copies run (default: a temporary dir)")
+    ap.add_argument(
+        "--reuse",
+        default=None,
+        help="a kept copy whose data/ and models/ (same params) every copy starts from: only train runs",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the copies (runs, logs) afterwards")
     ap.add_argument("--json", default=None, help="also write the results to this json file")
     args = ap.parse_args()
@@ -349,7 +364,8 @@ def main() -> None:
                 raise SystemExit(f"{tree} exists: pass an empty --workdir")
             print(f"[{label}] measuring {commit or 'the working tree'} in {tree} ...", flush=True)
             overlay = args.overlay if label == "new" else []
-            results.append(measure(tree, commit, args.iterations, args.threads, args.set, overlay))
+            reuse = Path(args.reuse) if args.reuse else None
+            results.append(measure(tree, commit, args.iterations, args.threads, args.set, overlay, reuse))
         peak = matmul_peak(args.threads)
         print(report(results, peak, args.threads))
         usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
