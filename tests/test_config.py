@@ -413,3 +413,14 @@ def test_bad_plugins_are_named(plugins, words):
     msg = error_of(raw(plugins=plugins))
     for w in words:
         assert w in msg, (w, msg)
+
+
+def test_a_plugin_task_registers_itself_and_owns_its_section():
+    """tests/tasks/toy_task.py lives outside components/: `plugins` imports it before validation."""
+    p = parse_params(raw(task="toy", plugins=["tests.tasks.toy_task"], **{"tasks.toy": {"word_len": 5}}))
+    assert p.task == "toy" and p.task_params.word_len == 5 and type(p.task_params).__name__ == "ToyParams"
+    msg = error_of(raw(task="toy", plugins=["tests.tasks.toy_task"], **{"tasks.toy": {"word_len": 0}}))
+    assert msg == "params.yaml: tasks.toy.word_len: Input should be greater than or equal to 1 (got 0)"
+    from components.envs import TOOLS
+
+    assert "shout" in TOOLS  # its tool, registered by name
