@@ -312,7 +312,9 @@ def start(
 
 
 def _stop_first(name: str, grace: float) -> None:
-    """SIGTERM the process group of honcho's process ``name``; wait up to ``grace`` s for all of it."""
+    """Stop honcho's process ``name`` before the others: SIGTERM to its leader's children (the runner's
+    flow runs: each stops its `dvc exp run` and reports Crashed), then to its whole group; each step
+    gets up to ``grace`` seconds."""
     import multiprocessing
 
     import psutil
@@ -320,10 +322,18 @@ def _stop_first(name: str, grace: float) -> None:
     for reader in (r for r in multiprocessing.active_children() if r.name == name):  # honcho's reader
         with contextlib.suppress(psutil.Error, OSError):
             for leader in psutil.Process(reader.pid).children():
-                group = [leader, *leader.children(recursive=True)]
                 print(f"{time.strftime('%H:%M:%S')} stopping {name} first (pid {leader.pid})", flush=True)
-                os.killpg(leader.pid, signal.SIGTERM)
-                psutil.wait_procs(group, timeout=grace)
+                _terminate(leader.children(), grace)
+                _terminate([leader, *leader.children(recursive=True)], grace)
+
+
+def _terminate(procs: list, grace: float) -> None:
+    import psutil
+
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    psutil.wait_procs(procs, timeout=grace)
 
 
 def _kill_all(grace: float = 0.0) -> None:
