@@ -403,6 +403,23 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _algorithms_fit_train(self) -> Params:
+        t = self.train
+        for name, a in self.algorithms.items():
+            if a.samples_per_prompt > t.trajectories_per_iteration:
+                raise ValueError(
+                    f"algorithms.{name}.samples_per_prompt={a.samples_per_prompt} > "
+                    f"train.trajectories_per_iteration={t.trajectories_per_iteration}: an iteration samples "
+                    "whole groups of samples_per_prompt trajectories"
+                )
+        if t.critic_warmup >= t.iterations:
+            raise ValueError(
+                f"train.critic_warmup={t.critic_warmup} >= train.iterations={t.iterations}: the actor would "
+                "never be updated (it is frozen for the first critic_warmup iterations)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _algorithms_known(self) -> Params:
         for name in self.compare.algorithms:
             if name not in self.algorithms:

@@ -199,6 +199,11 @@ def test_every_bad_key_is_reported_at_once():
         ({"compare.algorithms": ["grpo", "dapo"]}, ["compare.algorithms", "'dapo'", "grpo", "ppo", "steppo"]),
         ({"prepare.n_train": 100, "sft.rows": 100}, ["sft.rows=100", "prepare.n_train=100", "RL prompts"]),
         (
+            {"algorithms.grpo.samples_per_prompt": 16, "train.trajectories_per_iteration": 8},
+            ["algorithms.grpo.samples_per_prompt=16", "train.trajectories_per_iteration=8"],
+        ),
+        ({"train.critic_warmup": 20, "train.iterations": 20}, ["train.critic_warmup=20", "never be updated"]),
+        (
             {"train.temperature": 0.7, "train.old_logprobs": "rollout"},
             ["train", "old_logprobs='rollout'", "temperature=0.7"],
         ),
