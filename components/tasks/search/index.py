@@ -14,11 +14,13 @@ It does not check queries for size or type (the tool does).
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import bm25s
 import numpy as np
 import polars as pl
 
@@ -27,6 +29,25 @@ from components.schemas import validate_table
 from components.tasks.search.schemas import PassageSchema
 
 __all__ = ["Hit", "SearchIndex", "load_index"]
+
+
+@functools.cache
+def _bm25s() -> Any:
+    """``bm25s``, imported without its optional numba backend.
+
+    bm25s imports numba when it is installed (vLLM installs it), and numba's llvmlite objects in
+    ``sys.modules`` make vLLM's engine start-up fail (its triton kernel scan calls ``vars()`` on them:
+    "'_lib_fn_wrapper' object has no attribute 'get'"). Blocking the import while bm25s loads keeps it on
+    its numpy backend, which is what this index uses anyway."""
+    blocked = "numba" not in sys.modules
+    if blocked:
+        sys.modules["numba"] = None  # type: ignore[assignment]  # import numba -> ImportError
+    try:
+        return importlib.import_module("bm25s")
+    finally:
+        if blocked and sys.modules.get("numba", 0) is None:
+            del sys.modules["numba"]
+
 
 PASSAGES_FILE = "passages.parquet"
 _BM25_DIR = "bm25"
@@ -41,11 +62,11 @@ class Hit:
 
 
 def _tokens(texts: list[str]) -> list[list[str]]:
-    return bm25s.tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
+    return _bm25s().tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
 
 
 class SearchIndex:
-    def __init__(self, passages: pl.DataFrame, retriever: bm25s.BM25) -> None:
+    def __init__(self, passages: pl.DataFrame, retriever: Any) -> None:
         self.passages = passages
         self.retriever = retriever
         self._ids = passages["id"].to_list()
@@ -58,7 +79,7 @@ class SearchIndex:
         passages = validate_table(passages.select("id", "title", "text"), PassageSchema, source)
         if passages.height == 0:
             raise ValueError(f"{source}: no passages to index")
-        retriever = bm25s.BM25()
+        retriever = _bm25s().BM25(backend="numpy")
         docs = [f"{t}. {x}" for t, x in zip(passages["title"], passages["text"])]
         retriever.index(_tokens(docs), show_progress=False)
         return cls(passages, retriever)
@@ -90,7 +111,7 @@ class SearchIndex:
 @functools.lru_cache(maxsize=8)
 def _load(directory: str, mtime_ns: int) -> SearchIndex:
     passages = pl.read_parquet(Path(directory) / PASSAGES_FILE)
-    retriever = bm25s.BM25.load(str(Path(directory) / _BM25_DIR))
+    retriever = _bm25s().BM25.load(str(Path(directory) / _BM25_DIR))
     return SearchIndex(passages, retriever)
 
 

@@ -129,3 +129,20 @@ def test_hostile_tool_calls_through_the_env_are_feedback(index):
     assert out.done and out.reward == 1.0
     metrics = json.loads(out.info["task_metrics"])
     assert metrics == {"em": 1.0, "f1": 1.0, "n_queries": 2.0, "gold_hit": 1.0}  # "\ud800 Ava", "Ava Lin"
+
+
+def test_the_index_never_loads_numba():
+    """numba's llvmlite objects in sys.modules break vLLM's engine start-up (its triton kernel scan);
+    bm25s would import numba when installed. Checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, polars as pl\n"
+        "from components.tasks.search.index import SearchIndex\n"
+        "ix = SearchIndex.build(pl.DataFrame({'id': ['a'], 'title': ['Ava'], 'text': ['Ava is a baker.']}))\n"
+        "assert ix.search('Ava', 1)[0].id == 'a'\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
