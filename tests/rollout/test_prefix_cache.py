@@ -1,5 +1,6 @@
-"""vLLM prefix caching: prompts sharing a long prefix hit the cache, and a weight sync invalidates it
-(generation after the sync equals a fresh engine's on the new weights, not the old cached prefix's)."""
+"""vLLM prefix caching: prompts sharing a long prefix hit the cache (also the samples of one prompt
+within one call), and a weight sync invalidates it (generation after the sync equals a fresh
+engine's on the new weights, not the old cached prefix's)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,13 @@ def test_weight_sync_invalidates_the_prefix_cache(tmp_path):
         assert _generate(engine, prompts) == before  # the cached prefix gives the same generation
         stats = engine.prefix_cache_stats()
         assert stats["hits"] >= len(system), f"the shared prefix was not served from the cache: {stats}"
+
+        # Samples of one prompt in one call (a GRPO group) read its blocks, prefilled once, from the cache.
+        engine.sync_weights(model.state_dict())  # unchanged weights; the cache is reset
+        hits = engine.prefix_cache_stats()["hits"]
+        engine.generate([prompts[0]] * 4, SamplingConfig(max_tokens=4, temperature=1.0), seeds=[0, 1, 2, 3])
+        full_blocks = len(prompts[0]) // 32 * 32  # KV blocks of 32 tokens; only full ones are cached
+        assert engine.prefix_cache_stats()["hits"] - hits >= 3 * full_blocks
 
         _noisy(model, 0.2, 1)
         engine.sync_weights(model.state_dict())
