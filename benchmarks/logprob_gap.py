@@ -8,9 +8,10 @@ schema) with the vLLM engine at each rollout dtype (``rollout.dtype``), then sco
 with the trainer (``components.train.policy.response_logprobs``) in fp32 and under bf16 autocast
 (fp32 weights, bf16 matmuls), and prints max / mean |logp_rollout - logp_trainer| for every pair:
 the error of ``train.old_logprobs: rollout`` in the PPO ratio. Also prints the rollout seconds of
-each engine (median of repeats after a warm-up), the trainer forward+backward seconds in fp32 and bf16 autocast, and whether this CPU
-has native bf16 matmuls (AVX-512 BF16 / AMX flags in /proc/cpuinfo): without them bf16 is emulated
-and slower than fp32. Shared machines are noisy: compare figures of the same run.
+each engine (median of repeats after a warm-up), the trainer forward+backward seconds in fp32 and
+bf16 autocast, and whether this CPU has native bf16 matmuls (AVX-512 BF16 / AMX flags in
+/proc/cpuinfo): without them bf16 is emulated and slower than fp32. Shared machines are noisy:
+compare figures of the same run.
 """
 
 from __future__ import annotations
