@@ -323,8 +323,16 @@ def _stop_first(name: str, grace: float) -> None:
         with contextlib.suppress(psutil.Error, OSError):
             for leader in psutil.Process(reader.pid).children():
                 print(f"{time.strftime('%H:%M:%S')} stopping {name} first (pid {leader.pid})", flush=True)
-                _terminate(leader.children(), grace)
+                # (not multiprocessing's resource tracker: it ignores SIGTERM and exits with its parent)
+                _terminate([p for p in leader.children() if "resource_tracker" not in _cmd(p)], grace)
                 _terminate([leader, *leader.children(recursive=True)], grace)
+
+
+def _cmd(p) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except Exception:
+        return ""
 
 
 def _terminate(procs: list, grace: float) -> None:
