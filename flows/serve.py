@@ -266,7 +266,7 @@ def start(
         def terminate(self) -> None:  # honcho's stop of all processes (a signal, or one of them exited)
             if not self.stopping:  # the deployment first: its flow runs report to both servers as they stop
                 self.stopping = True
-                _stop_first("deployment", grace)
+                _stop_first("deployment", grace, idle=lambda: not running_flow_runs(ep))
             super().terminate()
             # honcho waits for each process's output to end: kill whatever still holds it after the grace
             killer = threading.Timer(grace + 5, _kill_all)  # (orphans, stubborn processes)
@@ -311,10 +311,26 @@ def start(
     return 0 if manager.returncode in (130, 143) and not failed else 1  # a signal, else one of them died
 
 
-def _stop_first(name: str, grace: float) -> None:
+def running_flow_runs(ep: Endpoints) -> list:
+    """The deployment's flow runs the Prefect server has as RUNNING ([] if it does not answer)."""
+    query = {
+        "deployments": {"name": {"any_": [DEPLOYMENT]}},
+        "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}},
+    }
+    req = urllib.request.Request(
+        f"{ep.prefect_api}/flow_runs/filter", json.dumps(query).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return []
+
+
+def _stop_first(name: str, grace: float, idle: Callable[[], bool] = lambda: True) -> None:
     """Stop honcho's process ``name`` before the others: SIGTERM to its leader's children (the runner's
-    flow runs: each stops its `dvc exp run` and reports Crashed), then to its whole group; each step
-    gets up to ``grace`` seconds."""
+    flow runs: each stops its `dvc exp run`), wait until ``idle()`` (the runner has reported them as
+    crashed), then SIGTERM to its whole group; each step gets up to ``grace`` seconds."""
     import multiprocessing
 
     import psutil
@@ -325,6 +341,9 @@ def _stop_first(name: str, grace: float) -> None:
                 print(f"{time.strftime('%H:%M:%S')} stopping {name} first (pid {leader.pid})", flush=True)
                 # (not multiprocessing's resource tracker: it ignores SIGTERM and exits with its parent)
                 _terminate([p for p in leader.children() if "resource_tracker" not in _cmd(p)], grace)
+                end = time.monotonic() + grace  # the runner reports its flow runs as crashed
+                while not idle() and time.monotonic() < end:
+                    time.sleep(0.5)
                 _terminate([leader, *leader.children(recursive=True)], grace)
 
 
