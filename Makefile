@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 
 # The whole pipeline on the embedded default (params.yaml).
 repro: setup
-	dvc repro
+	python -m flows.repro
 
 # Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first.
 lint: setup

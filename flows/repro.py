@@ -1,0 +1,114 @@
+"""`make repro`: `dvc repro` with one Prefect server for all its stages.
+
+Without a Prefect API a stage flow starts a temporary Prefect server of its own, which costs every
+stage several seconds (tens under load) and, when two runs start at the same instant, can put both on
+one port. This command starts one server (`prefect server start`, 127.0.0.1, a free port, no UI, no
+background services), runs the command after ``--`` (default: ``dvc repro``) with ``PREFECT_API_URL``
+pointing at it, and stops the server however the command ends. The flow runs land in the same
+database as always (``.prefect/``), so `make serve`'s UI shows them. With ``PREFECT_API_URL`` already
+set (a running `make serve`), the command runs against that server and nothing is started.
+
+    python -m flows.repro                 # dvc repro
+    python -m flows.repro -- dvc repro -f sft
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from flows import REPO
+
+STARTUP_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def start_server(port: int, log: Path) -> subprocess.Popen:
+    """A Prefect API server on 127.0.0.1:port (no UI, no background services) in its own session."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PREFECT_HOME": os.environ["PREFECT_HOME"], "PREFECT_UI_ENABLED": "false"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-services",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not answers(f"http://127.0.0.1:{port}/api/health"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server(proc)
+            raise SystemExit(
+                f"repro: the Prefect server did not start on 127.0.0.1:{port} "
+                f"(exit {proc.returncode}); its log: {log}"
+            )
+        time.sleep(0.5)
+    return proc
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL after ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[argv.index("--") + 1 :] if "--" in argv else ["dvc", "repro", *argv]
+    if os.environ.get("PREFECT_API_URL"):
+        return subprocess.call(command, cwd=REPO)
+    port = free_port()
+    t0 = time.monotonic()
+    server = start_server(port, REPO / ".prefect" / "repro-server.log")
+    print(f"repro: Prefect server on 127.0.0.1:{port} ({time.monotonic() - t0:.0f} s to start)", flush=True)
+    try:
+        env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+        return subprocess.call(command, cwd=REPO, env=env)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        stop_server(server)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
