@@ -9,9 +9,16 @@ JSON list of weaker demonstrations (or null).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import Any
+
+from components.tasks.demonstrations import (
+    answer_message,
+    demonstrations,
+    encode,
+    expert_messages,
+    tool_call_message,
+)
+from components.tasks.demonstrations import tool_message as _tool_message
 
 __all__ = [
     "answer_message",
@@ -25,48 +32,13 @@ __all__ = [
 
 
 def call_message(query: str) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": query}}}],
-    }
+    return tool_call_message("search", {"query": query})
 
 
 def tool_message(result: str) -> dict[str, Any]:
-    return {"role": "tool", "name": "search", "content": result}
-
-
-def answer_message(answer: str) -> dict[str, Any]:
-    return {"role": "assistant", "content": f"<answer>{answer}</answer>"}
+    return _tool_message("search", result)
 
 
 def memory_message(recalled: list[str], answer: str) -> dict[str, Any]:
     """A weaker demonstrator's one turn: the recalled passages, one per line, then the answer."""
     return {"role": "assistant", "content": "\n".join([*recalled, f"<answer>{answer}</answer>"])}
-
-
-def encode(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def expert_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The expert messages of a task row (decoded from its ``expert`` column)."""
-    raw = row.get("expert")
-    if raw is None:
-        raise ValueError(f"task row {row.get('id')!r} has no expert trajectory (column 'expert' is null)")
-    messages = json.loads(raw)
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise ValueError(f"task row {row.get('id')!r}: column 'expert' is not a JSON list of messages")
-    return messages
-
-
-def demonstrations(row: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
-    """Every demonstration of a task row: the expert's, then the weaker ones of its ``weak`` column."""
-    demos = [expert_messages(row)]
-    raw = row.get("weak")
-    if raw:
-        weak = json.loads(raw)
-        if not isinstance(weak, list) or not all(isinstance(d, list) for d in weak):
-            raise ValueError(f"task row {row.get('id')!r}: column 'weak' is not a JSON list of message lists")
-        demos += weak
-    return demos
