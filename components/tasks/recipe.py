@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from components.envs.base import AgentEnv
 
-__all__ = ["TaskParams", "TaskRecipe"]
+__all__ = ["TaskParams", "TaskRecipe", "user_file"]
 
 
 class TaskParams(BaseModel):
@@ -102,3 +102,13 @@ class TaskRecipe:
         if self.episode_metrics is None or not steps:
             return {}
         return {str(k): float(v) for k, v in self.episode_metrics(steps).items()}
+
+
+def user_file(value: str, key: str, root: Path) -> Path:
+    """A user-supplied data file named by params key ``key`` (e.g. ``tasks.calc.source_path``): an
+    absolute path, or one relative to ``root`` (the repo); the error names the key when it is missing."""
+    path = Path(value)
+    path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise ValueError(f"{key}: {value!r} does not exist")
+    return path

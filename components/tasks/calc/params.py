@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from components.tasks.calc.generator import generate_splits
 from components.tasks.calc.gsm8k import load_splits
-from components.tasks.recipe import TaskParams
+from components.tasks.recipe import TaskParams, user_file
 
 __all__ = ["CalcParams", "make_splits"]
 
@@ -52,10 +52,7 @@ def make_splits(
     """The three splits: loaded from ``source_path`` when given, else generated (calc saves nothing
     besides the tables, so ``data_dir`` is unused)."""
     if p.source_path is not None:
-        path = Path(p.source_path)
-        path = path if path.is_absolute() else root / path
-        if not path.is_file():
-            raise ValueError(f"tasks.calc.source_path: {p.source_path!r} does not exist")
+        path = user_file(p.source_path, "tasks.calc.source_path", root)
         return load_splits(path, seed=seed, n_train=n_train, n_val=n_val, n_test=n_test)
     return generate_splits(
         seed=seed,

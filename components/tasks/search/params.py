@@ -15,7 +15,7 @@ import polars as pl
 from pydantic import Field, model_validator
 
 from components.io import write_text
-from components.tasks.recipe import TaskParams
+from components.tasks.recipe import TaskParams, user_file
 from components.tasks.search.generator import generate
 from components.tasks.search.hotpotqa import load_splits
 from components.tasks.search.index import SearchIndex
@@ -60,14 +60,6 @@ class SearchParams(TaskParams):
         return self.questions_path is None
 
 
-def _resolve(value: str, key: str, root: Path) -> Path:
-    path = Path(value)
-    path = path if path.is_absolute() else root / path
-    if not path.is_file():
-        raise ValueError(f"tasks.search.{key}: {value!r} does not exist")
-    return path
-
-
 def save_index(index: SearchIndex, data_dir: str | Path, *, top_k: int, max_result_chars: int) -> Path:
     """Write the index and the tool settings under ``data_dir/index``."""
     out = index.save(Path(data_dir) / INDEX_DIR)
@@ -87,9 +79,9 @@ def make_splits(
 ) -> dict[str, pl.DataFrame]:
     """The three splits (and, with ``data_dir``, the saved index): loaded when ``questions_path`` is set."""
     if p.questions_path is not None:
-        corpus = _resolve(p.corpus_path, "corpus_path", root) if p.corpus_path else None
+        corpus = user_file(p.corpus_path, "tasks.search.corpus_path", root) if p.corpus_path else None
         splits, index = load_splits(
-            _resolve(p.questions_path, "questions_path", root),
+            user_file(p.questions_path, "tasks.search.questions_path", root),
             corpus,
             seed=seed,
             n_train=n_train,
