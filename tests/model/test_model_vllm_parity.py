@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from components.model.tiny import build_tiny_model, load_hf, save_hf
+from components.model.tiny import load_hf, save_hf
+from tests.tiny_vllm_models import noisy_tiny_model
 
 pytestmark = pytest.mark.vllm
 
@@ -17,23 +18,7 @@ MAX_NEW = 16
 @pytest.fixture(scope="module")
 def served(tok, tmp_path_factory):
     """(model dir, vLLM engine): one engine start for the whole module."""
-    model = build_tiny_model(
-        tok,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=32,
-        max_position_embeddings=512,
-        seed=0,
-    )
-    # A fresh init is near-uniform and repeats one token; larger random weights make greedy outputs
-    # vary with the prompt and position, so the comparison covers many different tokens.
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.15)
+    model = noisy_tiny_model(tok, max_position_embeddings=512, scale=0.15)
     out = save_hf(model, tok, tmp_path_factory.mktemp("vllm") / "tiny")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"

@@ -5,21 +5,14 @@ engine's on the new weights, not the old cached prefix's)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from components.model.tiny import build_tiny_model, save_hf
+from components.model.tiny import save_hf
 from components.model.tokenizer import build_tokenizer
 from components.rollout import SamplingConfig
 from components.rollout.vllm_engine import VLLMEngine
+from tests.tiny_vllm_models import noisy_tiny_model, perturb
 
 pytestmark = pytest.mark.vllm
-
-
-def _noisy(model, scale: float, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
 def _generate(engine: VLLMEngine, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
@@ -30,18 +23,7 @@ def _generate(engine: VLLMEngine, prompts: list[list[int]]) -> list[tuple[list[i
 def test_weight_sync_invalidates_the_prefix_cache(tmp_path):
     corpus = [f"<|im_start|>system\nyou add {a} and {a * 7} with the tool<|im_end|>\n" for a in range(300)]
     tok = build_tokenizer(corpus, vocab_size=400)
-    model = build_tiny_model(
-        tok,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=32,
-        max_position_embeddings=512,
-        seed=0,
-    )
-    _noisy(model, 0.1, 0)
+    model = noisy_tiny_model(tok, max_position_embeddings=512, scale=0.1)
     old = save_hf(model, tok, tmp_path / "old")
     system = tok.encode(" ".join(corpus[:12]))  # a long shared prefix: several KV blocks
     assert len(system) >= 64
@@ -62,7 +44,7 @@ def test_weight_sync_invalidates_the_prefix_cache(tmp_path):
         full_blocks = len(prompts[0]) // 32 * 32  # KV blocks of 32 tokens; only full ones are cached
         assert engine.prefix_cache_stats()["hits"] - hits >= 3 * full_blocks
 
-        _noisy(model, 0.2, 1)
+        perturb(model, 0.2, 1)
         engine.sync_weights(model.state_dict())
         after = _generate(engine, prompts)
     finally:

@@ -5,39 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.model.tiny import build_tiny_model, save_hf
+from components.model.tiny import save_hf
 from components.model.tokenizer import build_tokenizer
 from components.rollout import SamplingConfig, make_engine
 from components.train.policy import make_token_batch, response_logprobs
+from tests.tiny_vllm_models import noisy_tiny_model, perturb
 
 pytestmark = pytest.mark.vllm
 
 TOL = 1e-3  # issue target for fp32: max |logp_vllm - logp_trainer| <= 1e-3
 
 
-def _noisy(model, scale: float, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     corpus = [f"<|im_start|>user\nadd {a} and {a * 7}<|im_end|>\n" for a in range(300)]
     tok = build_tokenizer(corpus, vocab_size=400)
-    model = build_tiny_model(
-        tok,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=32,
-        max_position_embeddings=256,
-        seed=0,
-    )
-    _noisy(model, 0.1, 0)
+    model = noisy_tiny_model(tok, max_position_embeddings=256, scale=0.1)
     path = save_hf(model, tok, tmp_path_factory.mktemp("sync") / "m")
     engine = make_engine("vllm", str(path), stop_token_ids=[tok.eos_token_id], max_model_len=256, seed=0)
     yield tok, model.eval(), engine
@@ -66,7 +49,7 @@ def test_logprobs_match_trainer_before_and_after_sync(setup):
     assert n > 20
     assert before <= TOL, f"before sync: max |dlogp| = {before:.2e}"
 
-    _noisy(model, 0.05, 1)  # an "update": the engine still holds the old weights
+    perturb(model, 0.05, 1)  # an "update": the engine still holds the old weights
     stale, _ = _max_diff(tok, model, engine, seed=2)
     assert stale > 10 * TOL, "the test cannot tell stale weights from synced ones"
 
