@@ -219,7 +219,7 @@ def make_token_batch(
     )
 
 
-def _hidden_shared(decoder: torch.nn.Module, sp: SharedPrefix) -> tuple[Tensor, Tensor]:
+def shared_prefix_hidden(decoder: torch.nn.Module, sp: SharedPrefix) -> tuple[Tensor, Tensor]:
     """Final hidden states of the shared prefixes (G, P, H) and of the suffixes on top of them (S, U, H)."""
     pre = decoder(input_ids=sp.prefix_ids, attention_mask=sp.prefix_mask, use_cache=True)
     cache = pre.past_key_values
@@ -243,7 +243,7 @@ def _hidden_at(decoder: torch.nn.Module, batch: TokenBatch, positions: Tensor) -
         out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         return out.last_hidden_state[seq, positions]  # from (S, T, H)
     sp = batch.prefix
-    pre, suf = _hidden_shared(decoder, sp)
+    pre, suf = shared_prefix_hidden(decoder, sp)
     start = sp.length[seq]
     h_pre = pre[sp.group[seq], positions.clamp(max=pre.size(1) - 1)]
     h_suf = suf[seq, (positions - start).clamp(min=0, max=suf.size(1) - 1)]

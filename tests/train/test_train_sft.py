@@ -11,6 +11,7 @@ from train_helpers import ENGINE_KW, assert_weights_match, full_weights, random_
 
 from components.train.engine import build_engine
 from components.train.sft import (
+    common_prefix,
     count_label_tokens,
     run_sft,
     split_micro_batches,
@@ -120,3 +121,54 @@ def test_run_sft_errors_name_the_problem() -> None:
         run_sft(engine, [[batch, {"input_ids": batch["input_ids"]}]], steps=1, progress=False)
     with pytest.raises(ValueError, match="steps"):
         run_sft(engine, [[batch]], steps=0)
+
+
+def _system_prompt_batch(n: int, *, seed: int, shared: int = 12) -> dict[str, torch.Tensor]:
+    """random_batch rows behind one common ``shared``-token prefix (a system prompt), unlabelled."""
+    b = random_batch(n, seed=seed)
+    prefix = torch.arange(4, 4 + shared).expand(n, shared)
+    return {
+        "input_ids": torch.cat([prefix, b["input_ids"]], 1),
+        "labels": torch.cat([torch.full((n, shared), -100), b["labels"]], 1),
+        "attention_mask": torch.cat([torch.ones(n, shared, dtype=torch.long), b["attention_mask"]], 1),
+    }
+
+
+def test_common_prefix_stops_before_the_first_predicted_label() -> None:
+    batch = _system_prompt_batch(4, seed=1)
+    sp = common_prefix(batch)
+    assert sp is not None
+    P = sp.prefix_ids.shape[1]
+    first = int((batch["labels"] != -100).long().argmax(1).min())
+    assert 12 <= P <= first - 1  # the random tokens after the system prompt may match by chance
+    assert torch.equal(torch.cat([sp.prefix_ids.expand(4, P), sp.suffix_ids], 1), batch["input_ids"])
+    # a labelled token right after the shared part: the prefix stops one token earlier
+    batch["labels"][2, 10] = batch["input_ids"][2, 10]
+    assert common_prefix(batch).prefix_ids.shape[1] == 9
+    assert common_prefix(batch, min_prefix=10) is None
+    assert common_prefix({k: v[:1] for k, v in batch.items()}) is None  # one row: nothing to share
+    assert common_prefix(random_batch(4, seed=3)) is None  # no common start
+
+
+def test_shared_prefix_sft_step_matches_the_plain_forward() -> None:
+    """Loss, gradient norm and updated weights of SFT steps are those of one forward per row."""
+    base = tiny_model(seed=8)
+    batches = [_system_prompt_batch(6, seed=30 + i) for i in range(3)]
+    runs = {}
+    for shared in (True, False):
+        engine = build_engine(copy.deepcopy(base), **{**ENGINE_KW, "lr": 1e-3})
+        # plain: one row per micro-batch, so there is no common prefix (same batch, same normaliser)
+        if not shared:
+            parts = [[{k: v[i : i + 1] for k, v in b.items()} for i in range(6)] for b in batches]
+        else:
+            parts = [split_micro_batches(b, 6) for b in batches]
+        hist = run_sft(engine, iter(parts), steps=3, progress=False)
+        runs[shared] = (hist, full_weights(engine))
+    (h_shared, w_shared), (h_plain, w_plain) = runs[True], runs[False]
+    # the 12-token prefix is forwarded once, not 6 times
+    assert h_shared[0]["n_forwarded_tokens"] <= h_shared[0]["n_tokens"] - 5 * 12
+    assert h_plain[0]["n_forwarded_tokens"] == h_plain[0]["n_tokens"]
+    for a, b in zip(h_shared, h_plain):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert_weights_match(w_shared, w_plain, lr=1e-3, steps=3)
