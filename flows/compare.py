@@ -51,7 +51,9 @@ def _load(name: str) -> dict:
 def _problems(name: str) -> pl.DataFrame:
     path = REPO / "metrics" / f"problems_{name}.parquet"
     if not path.is_file():
-        raise StageError(f"compare: {path} is missing (run the evaluate stage of {name} first)")
+        raise StageError(
+            f"compare: {path} is missing (run the stage that evaluates {name} first: evaluate_sft or train)"
+        )
     try:
         return validate_table(pl.read_parquet(path), ProblemSchema, str(path.relative_to(REPO)))
     except ValueError as err:
@@ -341,7 +343,7 @@ def main(params: str) -> None:
     if missing:
         raise StageError(
             f"compare: {len(missing)} input file(s) missing, e.g. {', '.join(missing[:4])} "
-            "(run the train and evaluate stages of every run of compare.algorithms x compare.seeds)"
+            "(run the train stage of every run of compare.algorithms x compare.seeds)"
         )
     compare_flow(p)
 

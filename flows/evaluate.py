@@ -1,18 +1,21 @@
-"""Stages `evaluate_sft` and `evaluate@<algo>-<seed>`: multi-turn evaluation of a model on a held-out split.
+"""Stage `evaluate_sft`, and the evaluation that ends every `train@<algo>-<seed>` stage.
 
-`--model sft` evaluates models/sft, `--model grpo-s1` the RL run grpo-s1 (models/grpo-s1/final).
-Plays every row of the split to the end with the task's real tools, generating with the rollout
-engine (vLLM by default): one greedy episode per row, and ``evaluate.samples`` sampled ones at
-``evaluate.temperature``. Writes metrics/eval_<model>.json (greedy accuracy, mean turns, valid tool-call
-rate, format-error rate; sampled_accuracy = mean@k and pass_at_k of the sampled episodes) and
-metrics/problems_<model>.parquet (one row per problem: greedy correctness, fraction of sampled episodes
-correct; components.schemas.ProblemSchema), which the compare stage bootstraps. Logs the metrics to
-MLflow with a readable sample of greedy trajectories.
+Plays every row of the held-out split to the end with the task's real tools: one greedy episode per
+row, and ``evaluate.samples`` sampled ones at ``evaluate.temperature`` (sampling seed: params.seed,
+the same for every model). `python -m flows.evaluate --model sft` evaluates models/sft on a rollout
+engine of its own (vLLM by default); a train stage evaluates its final policy with the rollout engine
+it already holds (:func:`evaluate`, ``player``), which saves a process start and an engine build per
+RL run. Writes metrics/eval_<model>.json (greedy accuracy, mean turns, valid tool-call rate,
+format-error rate; sampled_accuracy = mean@k and pass_at_k of the sampled episodes) and
+metrics/problems_<model>.parquet (one row per problem: greedy correctness, fraction of sampled
+episodes correct; components.schemas.ProblemSchema), which the compare stage bootstraps. Logs the
+metrics (``eval/*``) and a readable sample of greedy trajectories to the active MLflow run.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import polars as pl
 from prefect import flow, task
@@ -39,13 +42,33 @@ def model_dir(name: str):
     return final if final.is_dir() else REPO / "models" / name
 
 
+# Plays episodes to their end at a temperature: (episodes, temperature, progress label) -> step records.
+Player = Callable[[list[Episode], float, str], list[dict]]
+
+
 @task(cache_policy=NO_CACHE)
-def play(params: Params, model: str, rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Step records of one greedy episode per row, and of ``evaluate.samples`` sampled ones per row."""
+def play(
+    params: Params, model: str, rows: list[dict], player: Player | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Step records of one greedy episode per row, and of ``evaluate.samples`` sampled ones per row,
+    played by ``player`` or, without one, on a rollout engine built from the model's checkpoint."""
     spec = get_task(params.task)
-    path = model_dir(model)
+    ev = params.evaluate
+    data_dir = REPO / "data" / "processed" / params.task  # the prepare output (tables and task files)
+
+    def episode(row: dict, traj_id: str) -> Episode:
+        return Episode(traj_id, str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
+
+    def both(player: Player) -> tuple[list[dict], list[dict]]:
+        greedy = player([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
+        sampled = [episode(row, f"{row['id']}#{i}") for row in rows for i in range(ev.samples)]
+        desc = f"evaluate {model} (T={ev.temperature:g})"
+        return greedy, (player(sampled, ev.temperature, desc) if sampled else [])
+
+    if player is not None:
+        return both(player)
+    path, r = model_dir(model), params.rollout
     tokenizer = AutoTokenizer.from_pretrained(path)
-    r, ev = params.rollout, params.evaluate
     engine = make_engine(
         r.engine,
         str(path),
@@ -56,58 +79,47 @@ def play(params: Params, model: str, rows: list[dict]) -> tuple[list[dict], list
         seed=params.seed,
     )
     renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
-    data_dir = REPO / "data" / "processed" / params.task  # the prepare output (tables and task files)
-
-    def episode(row: dict, traj_id: str) -> Episode:
-        return Episode(traj_id, str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
-
-    def run(eps: list[Episode], temperature: float, desc: str) -> list[dict]:
-        return run_episodes(
-            engine,
-            renderer,
-            eps,
-            max_steps=r.max_steps,
-            max_prompt_len=r.max_prompt_len,
-            max_response_len=r.max_response_len,
-            temperature=temperature,
-            seed=params.seed,
-            desc=desc,
-        )
-
     try:
-        greedy = run([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
-        sampled = [episode(row, f"{row['id']}#{i}") for row in rows for i in range(ev.samples)]
-        return greedy, (
-            run(sampled, ev.temperature, f"evaluate {model} (T={ev.temperature:g})") if sampled else []
+        return both(
+            lambda episodes, temperature, desc: run_episodes(
+                engine,
+                renderer,
+                episodes,
+                max_steps=r.max_steps,
+                max_prompt_len=r.max_prompt_len,
+                max_response_len=r.max_response_len,
+                temperature=temperature,
+                seed=params.seed,
+                desc=desc,
+            )
         )
     finally:
         engine.close()
 
 
-@flow(name="evaluate", log_prints=True)
-def evaluate_flow(params: Params, model: str) -> dict[str, float]:
+def evaluate(params: Params, model: str, player: Player | None = None) -> dict[str, float]:
+    """Evaluate ``model`` (see the module docstring) inside the active MLflow run; its metrics."""
+    import mlflow
+
     split = params.evaluate.split
     df = pl.read_parquet(REPO / "data" / "processed" / params.task / f"{split}.parquet")
     if params.evaluate.max_samples:
         df = df.head(params.evaluate.max_samples)
-    with mlflow_run(params, f"evaluate-{model}", ["rollout", "evaluate"], tags={"steprl.model": model}):
-        import mlflow
-
-        start = time.perf_counter()
-        steps, sampled = play(params, model, df.to_dicts())
-        metrics = {**episode_metrics(steps), **get_task(params.task).task_metrics(steps)}  # + the task's own
-        if sampled:
-            metrics.update(sampled_metrics(sampled))
-            metrics["sampled_temperature"] = params.evaluate.temperature
-        metrics["wall_time_s"] = time.perf_counter() - start
-        metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in steps + sampled))
-        problems = problem_results([str(i) for i in df["id"].to_list()], steps, sampled)
-        problems = validate_table(problems, ProblemSchema, f"evaluate {model}: per-problem results")
-        write_parquet(problems, REPO / "metrics" / f"problems_{model}.parquet")
-        write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
-        mlflow.log_metrics({f"eval/{k}": v for k, v in metrics.items()})
-        tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
-        mlflow.log_text(render_samples(steps, limit=20, tokenizer=tokenizer), f"samples/eval_{model}.md")
+    start = time.perf_counter()
+    steps, sampled = play(params, model, df.to_dicts(), player)
+    metrics = {**episode_metrics(steps), **get_task(params.task).task_metrics(steps)}  # + the task's own
+    if sampled:
+        metrics.update(sampled_metrics(sampled))
+        metrics["sampled_temperature"] = params.evaluate.temperature
+    metrics["wall_time_s"] = time.perf_counter() - start
+    metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in steps + sampled))
+    problems = problem_results([str(i) for i in df["id"].to_list()], steps, sampled)
+    problems = validate_table(problems, ProblemSchema, f"evaluate {model}: per-problem results")
+    write_parquet(problems, REPO / "metrics" / f"problems_{model}.parquet")
+    write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
+    mlflow.log_metrics({f"eval/{k}": v for k, v in metrics.items()})
+    tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
+    mlflow.log_text(render_samples(steps, limit=20, tokenizer=tokenizer), f"samples/eval_{model}.md")
     print(
         f"evaluate {model} on {split} ({len(df)} rows): accuracy {metrics['accuracy']:.3f}, "
         f"mean turns {metrics['mean_turns']:.2f}, valid tool calls {metrics['valid_tool_call_rate']:.3f}, "
@@ -122,6 +134,12 @@ def evaluate_flow(params: Params, model: str) -> dict[str, float]:
     return metrics
 
 
+@flow(name="evaluate", log_prints=True)
+def evaluate_flow(params: Params, model: str) -> dict[str, float]:
+    with mlflow_run(params, f"evaluate-{model}", ["rollout", "evaluate"], tags={"steprl.model": model}):
+        return evaluate(params, model)
+
+
 def main(params: str, model: str) -> None:
     p = read_params(params)
     if not is_complete_checkpoint(model_dir(model)):
@@ -133,5 +151,9 @@ def main(params: str, model: str) -> None:
 
 if __name__ == "__main__":
     stage_main(
-        main, ("--model", {"required": True, "help": "sft, or an RL run <algo>-s<seed> (e.g. grpo-s0)"})
+        main,
+        (
+            "--model",
+            {"required": True, "help": "sft, or an RL run <algo>-s<seed> (e.g. grpo-s0) to evaluate again"},
+        ),
     )

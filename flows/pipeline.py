@@ -4,7 +4,7 @@ A run checks its parameters against the typed params BEFORE anything runs (a bad
 with the key named), opens a parent MLflow run, runs `dvc exp run -n <name> -S ...` without touching
 the user's workspace (flows/_experiments.py: a private clone of HEAD by default), streams dvc's output
 to the Prefect logs, and records the experiment (name, git ref, metrics) on the parent MLflow run.
-Stage runs (sft, evaluate-*) are logged as its children, so one scheduled run is one row in the
+Stage runs (sft, evaluate-sft, grpo-s0, ...) are logged as its children, so one scheduled run is one row in the
 MLflow UI, one flow run in the Prefect UI and one row in `dvc exp show`.
 
 Run it:

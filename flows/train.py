@@ -12,6 +12,11 @@ it reads, and a finished iteration leaves a resumable checkpoint and a done mark
 crash restores the engines from the last finished iteration and resumes at the first unfinished task;
 MLflow gets each iteration's metrics exactly once (the run is resumed, missing steps are filled from
 the iteration's metrics.json).
+
+The stage ends by evaluating the final policy on the held-out split with the rollout engine it holds
+(flows.evaluate.evaluate): metrics/eval_<run>.json, metrics/problems_<run>.parquet and ``eval/*`` in
+the run. A change of the ``evaluate`` params reruns the stage, which finds every iteration done and
+only evaluates again.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from flows import REPO
 from flows._cache import content_key
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
+from flows.evaluate import evaluate
 from flows.train_metrics import iteration_metrics
 
 SFT = REPO / "models" / "sft"
@@ -305,20 +311,41 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
             summary = _finish(params, algo, name, history, time.perf_counter() - start)
             mlflow.log_artifacts(str(REPO / "models" / name / "final"), artifact_path="checkpoint")
             mlflow.log_artifact(str(REPO / "plots" / f"train_{name}.png"), artifact_path="plots")
+            _evaluate_final(params.model_copy(update={"seed": sft_seed}), name)
     finally:
         session.close()
         _SESSION.pop(name, None)
     return summary
 
 
+def _evaluate_final(params: Params, name: str) -> None:
+    """Evaluate the final policy on the held-out split as the `evaluate_sft` stage evaluates SFT
+    (``params.seed`` is the global seed again, so every model's sampled episodes use the same seed),
+    on this run's rollout engine, which holds the final weights."""
+    r = params.rollout
+
+    def player(episodes: list[Episode], temperature: float, desc: str) -> list[dict]:
+        return _SESSION[name].play(
+            episodes,
+            max_steps=r.max_steps,
+            max_prompt_len=r.max_prompt_len,
+            max_response_len=r.max_response_len,
+            temperature=temperature,
+            seed=params.seed,
+            desc=desc,
+        )
+
+    evaluate(params, name, player)
+
+
 def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run_id: str | None):
-    """The run's MLflow run: the shared sections train and rollout as they are, ``seed`` (the RL seed:
+    """The run's MLflow run: the shared sections train, rollout and evaluate as they are, ``seed`` (the RL seed:
     ``params.seed`` is already replaced here; the SFT model's seed is the tag ``steprl.sft_seed``) and
     this algorithm's parts under ``algo.*`` (:func:`algo_params`); no other algorithm's block."""
     return mlflow_run(
         params,
         CompareParams.run_name(algo, rl_seed),
-        ["train", "rollout"],
+        ["train", "rollout", "evaluate"],
         run_id=run_id,
         tags={"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)},
         extra_params=algo_params(params, algo, rl_seed),

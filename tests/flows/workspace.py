@@ -40,7 +40,7 @@ TINY = {
         "ppo": {"preset": "ppo", "samples_per_prompt": 1},
         "steppo": {"preset": "steppo", "samples_per_prompt": 1, "clip_low": 0.0003, "clip_high": 0.0004},
     },
-    # The train/evaluate matrix: two algorithms (one without a critic, one with) x two RL seeds.
+    # The train matrix: two algorithms (one without a critic, one with) x two RL seeds.
     "compare": {"algorithms": ["grpo", "steppo"], "seeds": [0, 1]},
 }
 
