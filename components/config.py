@@ -393,6 +393,17 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _episodes_fit_max_steps(self) -> Params:
+        need = self.task_params.turns_needed()
+        if need is not None and self.rollout.max_steps < need:
+            raise ValueError(
+                f"rollout.max_steps={self.rollout.max_steps} < {need}, the agent turns the longest "
+                f"{self.task} problem of tasks.{self.task} needs (its tool calls and the answer): "
+                "raise rollout.max_steps or lower the task's hops/calls"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _rl_prompts_left(self) -> Params:
         rows, n_train = self.sft.rows, self.prepare.n_train
         if self.task_params.generates_train_rows() and rows is not None and rows >= n_train:

@@ -207,6 +207,12 @@ def test_every_bad_key_is_reported_at_once():
             {"train.temperature": 0.7, "train.old_logprobs": "rollout"},
             ["train", "old_logprobs='rollout'", "temperature=0.7"],
         ),
+        # an episode needs one turn per tool call and one for the answer
+        ({"tasks.calc.max_calls": 4, "rollout.max_steps": 4}, ["rollout.max_steps=4 < 5", "tasks.calc"]),
+        (
+            {"task": "search", "tasks.search.max_hops": 3, "rollout.max_steps": 3},
+            ["rollout.max_steps=3 < 4", "tasks.search"],
+        ),
     ],
 )
 def test_contradictory_values_name_the_keys(changes, words):

@@ -53,6 +53,11 @@ class TaskParams(BaseModel):
         it comes from a file of unknown size; used to check that ``sft.rows`` leaves RL prompts."""
         return True
 
+    def turns_needed(self) -> int | None:
+        """Agent turns the expert's longest episode takes (its tool calls + the answer), when the
+        params say (generated data); checked against ``rollout.max_steps`` at load. None: unknown."""
+        return None
+
 
 @dataclass(frozen=True)
 class TaskRecipe:

@@ -38,6 +38,9 @@ class CalcParams(TaskParams):
     def generates_train_rows(self) -> bool:
         return self.source_path is None
 
+    def turns_needed(self) -> int | None:
+        return self.max_calls + 1 if self.source_path is None else None  # one call per operation, the answer
+
 
 def make_splits(
     p: CalcParams,

@@ -59,6 +59,9 @@ class SearchParams(TaskParams):
     def generates_train_rows(self) -> bool:
         return self.questions_path is None
 
+    def turns_needed(self) -> int | None:
+        return self.max_hops + 1 if self.questions_path is None else None  # one search per hop, the answer
+
 
 def save_index(index: SearchIndex, data_dir: str | Path, *, top_k: int, max_result_chars: int) -> Path:
     """Write the index and the tool settings under ``data_dir/index``."""
