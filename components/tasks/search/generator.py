@@ -15,11 +15,13 @@ memorised the knowledge base, which the embedded model has not, so RL has to lea
 reward when to search. A question gets ``weak_per_question`` copies on average (the fractional part is
 drawn per question from its own random stream), in the train split only.
 
-Splits: all questions are enumerated and shuffled per hop count (seed), then test, val and train are
-drawn in that order, each row's hop count uniform over the hop counts that still have questions, so
-no question is in two splits and small splits (test, val) are balanced across hop counts; train takes
-what is left and is 3-hop heavy when ``n_train`` is close to the number of questions. Asking for more
-questions than exist raises, naming ``n_entities``.
+Splits: all questions are enumerated and shuffled per hop count (seed). How many questions of each
+hop count the three splits take together is as even as the pools allow (:func:`hop_counts`: equal
+shares, a hop count with fewer questions gives all it has and the others share the rest), and every
+split gets the same mix (its share of each count), in random order. So no question is in two splits,
+and every part of the train split (the SFT rows and the RL rows after them) has the hop mix of the
+test split: the 1-hop questions, where the weaker demonstrations answer without searching, are
+where RL has to learn to search. Asking for more questions than exist raises, naming ``n_entities``.
 """
 
 from __future__ import annotations
@@ -109,6 +111,36 @@ def _weak(
     return json.dumps([demo] * copies, ensure_ascii=False)
 
 
+def hop_counts(available: dict[int, int], total: int) -> dict[int, int]:
+    """Questions to take of each hop count, ``total`` in all, as equal as ``available`` allows: a hop
+    count with fewer than its share gives all it has, the others share the rest (water-filling)."""
+    counts, left, open_ = {}, total, sorted(available, key=lambda h: available[h])
+    while open_:
+        share = left // len(open_)
+        h = open_[0]
+        if available[h] >= share:  # every remaining pool can give an equal share: split the rest evenly
+            for j, h in enumerate(open_):
+                counts[h] = share + (1 if j >= len(open_) - left % len(open_) else 0)
+            return counts
+        counts[h] = available[h]
+        left -= available[h]
+        open_.pop(0)
+    return counts
+
+
+def _shares(counts: dict[int, int], size: int) -> dict[int, int]:
+    """``size`` of the ``counts`` questions in their proportions (largest remainder; never more than
+    ``counts`` of a hop count, as ``size <= sum(counts)``)."""
+    total = sum(counts.values())
+    if total == 0:
+        return {h: 0 for h in counts}
+    exact = {h: n * size / total for h, n in counts.items()}
+    out = {h: int(x) for h, x in exact.items()}
+    for h in sorted(exact, key=lambda h: out[h] - exact[h])[: size - sum(out.values())]:
+        out[h] += 1
+    return out
+
+
 def generate(
     *,
     seed: int,
@@ -148,13 +180,18 @@ def generate(
             f"n_entities={n_entities} gives {total} questions of {min_hops}..{max_hops} hops, fewer than "
             f"n_train + n_val + n_test = {sum(sizes.values())}; raise n_entities or max_hops"
         )
+    left = hop_counts({h: len(p) for h, p in pools.items()}, sum(sizes.values()))
     out = {}
-    for split in ("test", "val", "train"):
+    for split in ("test", "val", "train"):  # train, the last, takes exactly what is left
         split_rng = random.Random(f"search/{seed}/{split}")
         weak_rng = random.Random(f"search/{seed}/{split}/weak")
+        share = left if split == "train" else _shares(left, sizes[split])
+        left = {h: left[h] - share[h] for h in left}
+        hops = [h for h, n in share.items() for _ in range(n)]
+        split_rng.shuffle(hops)
         rows = []
-        for i in range(sizes[split]):
-            q = pools[split_rng.choice([h for h, p in pools.items() if p])].pop()
+        for i, h in enumerate(hops):
+            q = pools[h].pop()
             weak = _weak(q, kb, weak_rng, weak_max_hops, weak_per_question) if split == "train" else None
             rows.append(
                 {

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import SMALL
 
-from components.tasks.search.generator import enumerate_questions, generate
+from components.tasks.search.generator import enumerate_questions, generate, hop_counts
 from components.tasks.search.kb import RELATIONS, generate_kb
 
 
@@ -110,3 +110,40 @@ def test_too_many_questions_names_n_entities():
 def test_bad_hops(bad):
     with pytest.raises(ValueError, match="min_hops"):
         generate(**{**SMALL, **bad})
+
+
+def test_every_split_and_both_parts_of_train_have_the_same_hop_mix():
+    """The 1-hop questions (fewest) are spread over the splits and through train, not used up early:
+    the RL rows after the SFT rows have them too (they once had none)."""
+    data = generate(
+        seed=0, n_train=4000, n_val=200, n_test=500, n_entities=450, min_hops=1, max_hops=3,
+        weak_max_hops=1, weak_per_question=1.0,
+    )  # fmt: skip
+
+    def mix(df):
+        return {h: df.filter(df["n_hops"] == h).height / df.height for h in (1, 2, 3)}
+
+    train = data.splits["train"]
+    parts = {
+        "test": mix(data.splits["test"]),
+        "val": mix(data.splits["val"]),
+        "sft rows": mix(train.head(2000)),
+        "rl rows": mix(train.slice(2000)),
+    }
+    for name, m in parts.items():
+        for h in (1, 2, 3):
+            assert abs(m[h] - parts["test"][h]) < 0.04, (name, parts)
+    assert parts["rl rows"][1] > 0.1
+
+
+@pytest.mark.parametrize(
+    "available, total, expected",
+    [
+        ({1: 855, 2: 3000, 3: 20000}, 4700, {1: 855, 2: 1922, 3: 1923}),
+        ({1: 855, 2: 1600, 3: 20000}, 4700, {1: 855, 2: 1600, 3: 2245}),
+        ({1: 5000, 2: 5000, 3: 5000}, 4700, {1: 1566, 2: 1567, 3: 1567}),
+        ({2: 10, 3: 10}, 20, {2: 10, 3: 10}),
+    ],
+)
+def test_hop_counts_are_as_even_as_the_pools_allow(available, total, expected):
+    assert hop_counts(available, total) == expected
