@@ -42,7 +42,7 @@ from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
 from components.train.rl_session import RLSession, SessionConfig, prune
 from flows import REPO
-from flows._cache import content_key
+from flows._cache import content_key, file_digest
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
@@ -80,9 +80,12 @@ def iter_dir(name: str, k: int) -> Path:
     return run_dir(name) / f"iter_{k:04d}"
 
 
-def fingerprint(params: Params, algo: str) -> dict:
+def fingerprint(params: Params, algo: str, sft: Path = SFT, train_split: Path | None = None) -> dict:
     """What a run's iterations depend on: a different fingerprint starts the run afresh.
-    ``params.seed`` is the run's RL seed here."""
+    ``params.seed`` is the run's RL seed here. The SFT checkpoint and the train split enter by the
+    hash of their bytes: a new SFT model or new data (e.g. ``dvc exp run -S seed=1`` in a workspace
+    that ran seed 0) must never resume the old run's iterations."""
+    split = train_split or REPO / "data" / "processed" / params.task / "train.parquet"
     return {
         "algo": params.algorithms[algo].model_dump(),
         "train": params.train.model_dump(exclude={"iterations", "val_every", "val_samples"}),
@@ -91,7 +94,9 @@ def fingerprint(params: Params, algo: str) -> dict:
         "seed": params.seed,
         "task": params.task,
         "rl_prompts_after_row": params.sft.rows,
-        "sft": json.loads((SFT / MARKER).read_text()),
+        "sft": json.loads((sft / MARKER).read_text()),
+        "sft_sha256": file_digest(sft),
+        "train_split_sha256": file_digest(split),
     }
 
 

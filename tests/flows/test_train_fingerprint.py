@@ -1,0 +1,30 @@
+"""A train run resumes only iterations made from the same SFT checkpoint and data: the fingerprint
+hashes their bytes (a new SFT model of the same architecture has the same file sizes)."""
+
+from __future__ import annotations
+
+import json
+
+from components.config import parse_params
+from flows.train import MARKER, fingerprint
+from tests.test_config import RAW
+
+
+def _sft(d, weights: bytes):
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "model.safetensors").write_bytes(weights)
+    (d / MARKER).write_text(json.dumps({"files": {"model.safetensors": len(weights)}}))
+    return d
+
+
+def test_fingerprint_changes_with_the_sft_weights_and_the_train_split(tmp_path):
+    params = parse_params(RAW)
+    split = tmp_path / "train.parquet"
+    split.write_bytes(b"rows of seed 0")
+    a = fingerprint(params, "grpo", _sft(tmp_path / "a", b"\x00" * 64), split)
+    same = fingerprint(params, "grpo", _sft(tmp_path / "a2", b"\x00" * 64), split)
+    other = fingerprint(params, "grpo", _sft(tmp_path / "b", b"\x01" * 64), split)  # same size, new bytes
+    assert a == same
+    assert other != a and other["sft"] == a["sft"]  # the marker alone (sizes) cannot tell them apart
+    split.write_bytes(b"rows of seed 1")
+    assert fingerprint(params, "grpo", tmp_path / "a", split) != a
