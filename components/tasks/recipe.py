@@ -110,7 +110,7 @@ class TaskRecipe:
 
 
 def user_file(value: str, key: str, root: Path) -> Path:
-    """A user-supplied data file named by params key ``key`` (e.g. ``tasks.calc.source_path``): an
+    """A user-supplied data file named by params key ``key`` (e.g. ``tasks.<task>.source_path``): an
     absolute path, or one relative to ``root`` (the repo); the error names the key when it is missing."""
     path = Path(value)
     path = path if path.is_absolute() else root / path
