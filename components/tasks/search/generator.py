@@ -112,19 +112,14 @@ def _weak(
 
 
 def hop_counts(available: dict[int, int], total: int) -> dict[int, int]:
-    """Questions to take of each hop count, ``total`` in all, as equal as ``available`` allows: a hop
-    count with fewer than its share gives all it has, the others share the rest (water-filling)."""
-    counts, left, open_ = {}, total, sorted(available, key=lambda h: available[h])
-    while open_:
-        share = left // len(open_)
-        h = open_[0]
-        if available[h] >= share:  # every remaining pool can give an equal share: split the rest evenly
-            for j, h in enumerate(open_):
-                counts[h] = share + (1 if j >= len(open_) - left % len(open_) else 0)
-            return counts
-        counts[h] = available[h]
-        left -= available[h]
-        open_.pop(0)
+    """Questions to take of each hop count, ``total`` in all (at most their sum), as equal as
+    ``available`` allows: smallest pool first, each takes its equal share of what is left or all it
+    has, so what a small pool cannot give goes to the larger ones (water-filling)."""
+    counts, left = {}, total
+    order = sorted(available, key=lambda h: available[h])
+    for i, h in enumerate(order):
+        counts[h] = min(available[h], left // (len(order) - i))
+        left -= counts[h]
     return counts
 
 

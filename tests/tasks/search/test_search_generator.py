@@ -143,6 +143,7 @@ def test_every_split_and_both_parts_of_train_have_the_same_hop_mix():
         ({1: 855, 2: 1600, 3: 20000}, 4700, {1: 855, 2: 1600, 3: 2245}),
         ({1: 5000, 2: 5000, 3: 5000}, 4700, {1: 1566, 2: 1567, 3: 1567}),
         ({2: 10, 3: 10}, 20, {2: 10, 3: 10}),
+        ({1: 5, 2: 5, 3: 7}, 17, {1: 5, 2: 5, 3: 7}),  # the remainder only fits the largest pool
     ],
 )
 def test_hop_counts_are_as_even_as_the_pools_allow(available, total, expected):
