@@ -4,7 +4,7 @@ Plays every row of the held-out split to the end with the task's real tools: one
 row, and ``evaluate.samples`` sampled ones at ``evaluate.temperature`` (sampling seed: params.seed,
 the same for every model). `python -m flows.evaluate --model sft` evaluates models/sft on a rollout
 engine of its own (vLLM by default); a train stage evaluates its final policy with the rollout engine
-it already holds (:func:`evaluate`, ``player``), which saves a process start and an engine build per
+it already holds (:func:`evaluate` with its ``engine``), which saves a process start and an engine build per
 RL run. Writes metrics/eval_<model>.json (greedy accuracy, mean turns, valid tool-call rate,
 format-error rate; sampled_accuracy = mean@k and pass_at_k of the sampled episodes) and
 metrics/problems_<model>.parquet (one row per problem: greedy correctness, fraction of sampled
@@ -15,7 +15,6 @@ metrics (``eval/*``) and a readable sample of greedy trajectories to the active 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import polars as pl
 from prefect import flow, task
@@ -28,7 +27,7 @@ from components.config import Params
 from components.envs import get_task
 from components.io import write_json, write_parquet
 from components.model.tiny import is_complete_checkpoint
-from components.rollout import make_engine
+from components.rollout import RolloutEngine, make_engine
 from components.schemas import ProblemSchema, validate_table
 from components.stats import problem_results
 from flows import REPO
@@ -42,63 +41,66 @@ def model_dir(name: str):
     return final if final.is_dir() else REPO / "models" / name
 
 
-# Plays episodes to their end at a temperature: (episodes, temperature, progress label) -> step records.
-Player = Callable[[list[Episode], float, str], list[dict]]
-
-
 @task(cache_policy=NO_CACHE)
 def play(
-    params: Params, model: str, rows: list[dict], player: Player | None = None
+    params: Params,
+    model: str,
+    rows: list[dict],
+    engine: RolloutEngine | None = None,
+    renderer: ChatRenderer | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """Step records of one greedy episode per row, and of ``evaluate.samples`` sampled ones per row,
-    played by ``player`` or, without one, on a rollout engine built from the model's checkpoint."""
+    played on ``engine`` with ``renderer`` (a train stage's, holding its final weights) or, without
+    them, on a rollout engine built from the model's checkpoint."""
     spec = get_task(params.task)
-    ev = params.evaluate
+    r, ev = params.rollout, params.evaluate
     data_dir = REPO / "data" / "processed" / params.task  # the prepare output (tables and task files)
+    own = engine is None
+    if own:
+        path = model_dir(model)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        engine = make_engine(
+            r.engine,
+            str(path),
+            stop_token_ids=[tokenizer.eos_token_id],
+            dtype=r.dtype,
+            max_model_len=r.max_prompt_len + r.max_response_len,
+            kv_cache_gib=r.kv_cache_gib,
+            seed=params.seed,
+        )
+        renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
 
     def episode(row: dict, traj_id: str) -> Episode:
         return Episode(traj_id, str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
 
-    def both(player: Player) -> tuple[list[dict], list[dict]]:
-        greedy = player([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
+    def run(episodes: list[Episode], temperature: float, desc: str) -> list[dict]:
+        return run_episodes(
+            engine,
+            renderer,
+            episodes,
+            max_steps=r.max_steps,
+            max_prompt_len=r.max_prompt_len,
+            max_response_len=r.max_response_len,
+            temperature=temperature,
+            seed=params.seed,
+            desc=desc,
+        )
+
+    try:
+        greedy = run([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
         sampled = [episode(row, f"{row['id']}#{i}") for row in rows for i in range(ev.samples)]
         desc = f"evaluate {model} (T={ev.temperature:g})"
-        return greedy, (player(sampled, ev.temperature, desc) if sampled else [])
-
-    if player is not None:
-        return both(player)
-    path, r = model_dir(model), params.rollout
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    engine = make_engine(
-        r.engine,
-        str(path),
-        stop_token_ids=[tokenizer.eos_token_id],
-        dtype=r.dtype,
-        max_model_len=r.max_prompt_len + r.max_response_len,
-        kv_cache_gib=r.kv_cache_gib,
-        seed=params.seed,
-    )
-    renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
-    try:
-        return both(
-            lambda episodes, temperature, desc: run_episodes(
-                engine,
-                renderer,
-                episodes,
-                max_steps=r.max_steps,
-                max_prompt_len=r.max_prompt_len,
-                max_response_len=r.max_response_len,
-                temperature=temperature,
-                seed=params.seed,
-                desc=desc,
-            )
-        )
+        return greedy, (run(sampled, ev.temperature, desc) if sampled else [])
     finally:
-        engine.close()
+        if own:
+            engine.close()
 
 
-def evaluate(params: Params, model: str, player: Player | None = None) -> dict[str, float]:
-    """Evaluate ``model`` (see the module docstring) inside the active MLflow run; its metrics."""
+def evaluate(
+    params: Params, model: str, engine: RolloutEngine | None = None, renderer: ChatRenderer | None = None
+) -> dict[str, float]:
+    """Evaluate ``model`` (see the module docstring) inside the active MLflow run, on ``engine`` if
+    given (see :func:`play`); its metrics."""
     import mlflow
 
     split = params.evaluate.split
@@ -106,7 +108,7 @@ def evaluate(params: Params, model: str, player: Player | None = None) -> dict[s
     if params.evaluate.max_samples:
         df = df.head(params.evaluate.max_samples)
     start = time.perf_counter()
-    steps, sampled = play(params, model, df.to_dicts(), player)
+    steps, sampled = play(params, model, df.to_dicts(), engine, renderer)
     metrics = {**episode_metrics(steps), **get_task(params.task).task_metrics(steps)}  # + the task's own
     if sampled:
         metrics.update(sampled_metrics(sampled))

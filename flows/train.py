@@ -327,20 +327,8 @@ def _evaluate_final(params: Params, name: str) -> None:
     """Evaluate the final policy on the held-out split as the `evaluate_sft` stage evaluates SFT
     (``params.seed`` is the global seed again, so every model's sampled episodes use the same seed),
     on this run's rollout engine, which holds the final weights."""
-    r = params.rollout
-
-    def player(episodes: list[Episode], temperature: float, desc: str) -> list[dict]:
-        return _SESSION[name].play(
-            episodes,
-            max_steps=r.max_steps,
-            max_prompt_len=r.max_prompt_len,
-            max_response_len=r.max_response_len,
-            temperature=temperature,
-            seed=params.seed,
-            desc=desc,
-        )
-
-    evaluate(params, name, player)
+    session = _SESSION[name]
+    evaluate(params, name, session.rollout_engine, session.renderer)
 
 
 def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run_id: str | None):
