@@ -4,7 +4,9 @@ What it does:
 - ``split_micro_batches``: cut a collated batch (``input_ids``/``labels``/``attention_mask``, (B, T))
   into micro-batches of at most ``micro_batch_size`` rows.
 - ``token_nll_sum``: summed next-token negative log-likelihood over the labelled positions
-  (``labels != -100``, shifted by one) and their count.
+  (``labels != -100``, shifted by one) and their count, from the final hidden states: the output
+  head runs on the labelled positions only (on the default about half of the forwarded positions
+  are prompt, tool output or padding, whose logits the loss never reads).
 - ``sft_loss_fn``: a ``train_step`` loss function whose micro-batch loss is that sum divided by the
   number of labelled tokens in the WHOLE optimizer batch (all micro-batches, all ranks), so the
   update is the same however the batch is cut into micro-batches.
@@ -79,25 +81,24 @@ def count_label_tokens(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
-def token_nll_sum(*, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+def token_nll_sum(
+    *, hidden: torch.Tensor, labels: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL over labelled positions, and their count.
 
-    logits: (B, T, V), position t predicts token t+1; labels: (B, T), IGNORE_INDEX where not trained.
-    Computed in fp32 whatever the model dtype.
+    hidden: (B, T, H) final hidden states, position t predicts token t+1; labels: (B, T), IGNORE_INDEX
+    where not trained; head: the output embedding, (N, H) -> (N, V) logits, applied to the N
+    predicting positions only. Computed in fp32 whatever the model dtype.
     """
-    if logits.ndim != 3 or labels.shape != logits.shape[:2]:
+    if hidden.ndim != 3 or labels.shape != hidden.shape[:2]:
         raise ValueError(
-            f"logits (B, T, V) {tuple(logits.shape)} and labels (B, T) {tuple(labels.shape)} disagree"
+            f"hidden (B, T, H) {tuple(hidden.shape)} and labels (B, T) {tuple(labels.shape)} disagree"
         )
-    shift_logits = logits[:, :-1, :].float()  # (B, T-1, V)
-    shift_labels = labels[:, 1:]  # (B, T-1)
-    nll_sum = torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.shape[-1]),
-        shift_labels.reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
-    return nll_sum, int((shift_labels != IGNORE_INDEX).sum())
+    targets = labels[:, 1:]  # (B, T-1)
+    keep = targets != IGNORE_INDEX
+    logits = head(hidden[:, :-1][keep]).float()  # (N, V)
+    nll_sum = torch.nn.functional.cross_entropy(logits, targets[keep], reduction="sum")
+    return nll_sum, int(keep.sum())
 
 
 def common_prefix(batch: Batch, min_prefix: int = 8) -> SharedPrefix | None:
@@ -135,15 +136,17 @@ def sft_loss_fn(
     device = next(model.parameters()).device
     batch = {k: micro_batch[k].to(device) for k in _KEYS}
     shared = common_prefix(batch)
+    decoder = model.get_decoder()
     if shared is None:
-        logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        hidden = decoder(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).last_hidden_state
         labels, n_forwarded = batch["labels"], batch["attention_mask"].sum()
-    else:  # tokens from the prefix on: logits at positions >= P predict tokens > P, all it needs
-        _, suffix_hidden = shared_prefix_hidden(model.get_decoder(), shared)  # (B, T - P, H)
-        logits = model.get_output_embeddings()(suffix_hidden)
+    else:  # tokens from the prefix on: positions >= P predict tokens > P, all the loss needs
+        _, hidden = shared_prefix_hidden(decoder, shared)  # (B, T - P, H)
         labels = batch["labels"][:, shared.prefix_ids.shape[1] :]
         n_forwarded = shared.prefix_mask.sum() + shared.suffix_mask.sum()
-    nll_sum, n_labels = token_nll_sum(logits=logits, labels=labels)
+    nll_sum, n_labels = token_nll_sum(hidden=hidden, labels=labels, head=model.get_output_embeddings())
     return nll_sum / normaliser, {
         "n_label_tokens": float(n_labels),
         "n_tokens": float(micro_batch["attention_mask"].sum()),

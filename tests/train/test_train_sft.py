@@ -22,25 +22,30 @@ from components.train.sft import (
 def test_token_nll_sum_by_hand() -> None:
     # Position t predicts token t+1. Row: labels [-100, 1, 0]; logits at t=0 give p(1) = 3/4,
     # at t=1 p(0) = 4/5; the last position predicts nothing, so NaN there must not leak in.
+    # The head is the identity here, so the hidden states are the logits.
     logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(4.0), 0.0], [float("nan"), float("nan")]]])
     labels = torch.tensor([[-100, 1, 0]])
-    nll, n = token_nll_sum(logits=logits, labels=labels)
+    nll, n = token_nll_sum(hidden=logits, labels=labels, head=torch.nn.Identity())
     assert n == 2
     assert nll.item() == pytest.approx(math.log(4 / 3) + math.log(5 / 4), abs=1e-6)
     # Masking the first target leaves only the second position.
-    nll, n = token_nll_sum(logits=logits, labels=torch.tensor([[-100, -100, 0]]))
+    nll, n = token_nll_sum(hidden=logits, labels=torch.tensor([[-100, -100, 0]]), head=torch.nn.Identity())
     assert n == 1 and nll.item() == pytest.approx(math.log(5 / 4), abs=1e-6)
     # A label on position 0 is never a target (nothing predicts the first token).
     assert count_label_tokens(torch.tensor([[7, -100, -100]])) == 0
     with pytest.raises(ValueError, match="disagree"):
-        token_nll_sum(logits=logits, labels=torch.tensor([[1, 2]]))
+        token_nll_sum(hidden=logits, labels=torch.tensor([[1, 2]]), head=torch.nn.Identity())
 
 
 def test_token_nll_matches_transformers_loss() -> None:
     model = tiny_model(seed=3)
     batch = random_batch(5, seed=5)
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-    nll, n = token_nll_sum(logits=out.logits, labels=batch["labels"])
+    hidden = model.get_decoder()(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+    ).last_hidden_state
+    # the head on the labelled positions only: the same loss as the full logits transformers computes
+    nll, n = token_nll_sum(hidden=hidden, labels=batch["labels"], head=model.get_output_embeddings())
     assert n == count_label_tokens(batch["labels"])
     torch.testing.assert_close(nll / n, out.loss, atol=1e-6, rtol=1e-6)
 
