@@ -383,7 +383,7 @@ def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
     task_metrics = get_task(params.task).task_metrics(pl.read_parquet(rollouts).to_dicts())
     metrics.update({f"task/{key}": v for key, v in task_metrics.items()})  # the task's own (recipe hook)
     last = k == t.iterations - 1
-    if (k + 1) % t.val_every == 0 or last or k == 0:
+    if (k + 1) % t.val_every == 0 or last:
         t1 = time.perf_counter()
         metrics.update(validate(name, k, params))
         timing["validation"] = time.perf_counter() - t1
