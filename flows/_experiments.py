@@ -1,27 +1,20 @@
-"""DVC experiments from code: build and check `-S` overrides, run one experiment, read what it recorded.
+"""DVC experiments from code: build and check `-S` overrides, run one experiment, read its metrics.
 
-What it does:
-- turns typed run parameters (seed, model path, ...) and free `key=value` overrides into DVC's
-  `-S` list (Hydra override syntax, the syntax `dvc exp run -S` takes), and checks the list BEFORE
-  anything runs: DVC's own override code is applied to a copy of the baseline's params.yaml and the
-  result is validated by the typed params (components/config.py), so a bad key or value fails with
-  the key named;
-- runs `dvc exp run` so that it can never collide with a user's own `dvc exp run` in the workspace:
-  * baseline "head": in a private clone of the committed HEAD under `.dvc/tmp/steprl-runs/` (own git
-    refs, own DVC lock, own outputs; the DVC cache is shared, as DVC's own temp runs share it), then
-    the experiment's ref is fetched into the repo, so it shows in `dvc exp show` like any other;
-  * baseline "workspace": DVC's own `dvc exp run --temp` (the workspace as it is, uncommitted changes
-    to tracked files included, run in a temporary copy);
-- reads the metrics files the experiment committed.
-
-What it does not do: Prefect or MLflow (flows/pipeline.py wraps this), queue experiments, or move
-outputs into the workspace (that is `dvc exp apply <name>`).
+- Typed run parameters (seed, model path, ...) and free `key=value` overrides become DVC's `-S` list
+  (Hydra override syntax), checked BEFORE anything runs: DVC's own override code is applied to a copy
+  of the baseline's params.yaml and the result validated by the typed params (components/config.py),
+  so a bad key or value fails with the key named.
+- `dvc exp run` never collides with a user's own run in the workspace: baseline "head" runs in a
+  private clone of HEAD under `.dvc/tmp/steprl-runs/` (own git refs and DVC lock, the repo's DVC
+  cache) whose experiment ref is then fetched into the repo, so `dvc exp show` lists it; baseline
+  "workspace" is DVC's own `dvc exp run --temp` (uncommitted changes to tracked files included).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
 import re
@@ -41,18 +34,15 @@ from typing import Any, Literal
 from components.config import ConfigError, Params, load_params
 
 Baseline = Literal["head", "workspace"]
-
 # The pipeline flow's typed parameters and the params.yaml key each one sets (only when given).
-PARAM_KEYS: dict[str, str] = {
+PARAM_KEYS = {
     "task": "task",
     "seed": "seed",
     "algorithms": "compare.algorithms",
     "iterations": "train.iterations",
     "model_path": "model.path",
 }
-
 RUNS_DIR = Path(".dvc") / "tmp" / "steprl-runs"
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -62,106 +52,59 @@ class ExperimentError(RuntimeError):
 
 @dataclass
 class ExperimentResult:
-    name: str  # experiment name, as `dvc exp show` lists it
-    ref: str  # git ref of the experiment commit, refs/exps/<baseline>/<name>
+    name: str  # as `dvc exp show` lists it
+    ref: str  # refs/exps/<baseline>/<name>
     rev: str  # the experiment commit
     baseline_rev: str  # the commit it was run from
     log: str = field(repr=False, default="")  # everything dvc printed
 
 
-# ----------------------------------------------------------------------------------------------
-# overrides
-
-
 def hydra_value(value: Any, *, key: str = "value") -> str:
-    """One value in Hydra override syntax, so that DVC writes exactly ``value`` into params.yaml.
-
-    Strings are always quoted (``'1e-3'`` stays a string, ``null`` stays the text "null").
-    """
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ConfigError(f"{key}: {value!r} is not a finite number")
+    """``value`` in Hydra override syntax, so that DVC writes exactly it into params.yaml (strings are
+    always quoted: '1e-3' stays a string, 'null' the text "null")."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, (int, float)) and math.isfinite(value):
         return repr(value)
-    if isinstance(value, str):
-        if "${" in value:  # OmegaConf would resolve it while DVC applies the override
-            raise ConfigError(
-                f"{key}: {value!r} contains '${{', which DVC's override parser would interpolate"
-            )
-        # Hydra quoted strings: escape quotes, and double the backslashes that precede a quote or the end.
+    if isinstance(value, str) and "${" not in value:  # DVC's OmegaConf would interpolate ${...}
+        # Hydra quoted strings: escape quotes, double the backslashes before a quote or the end
         out = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
-        out = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, out)
-        return f"'{out}'"
+        return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, out) + "'"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v, key=key) for v in value) + "]"
-    raise ConfigError(f"{key}: cannot pass a {type(value).__name__} as a params override")
-
-
-def _parse_one(override: str):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType, ValueType
-    from hydra.errors import HydraException
-
-    if isinstance(override, str):
-        override = override.strip()
-    if not isinstance(override, str) or "=" not in override:
-        raise ConfigError(f"override {override!r}: expected key=value (e.g. sft.lr=0.001)")
-    key = override.split("=", 1)[0]
-    if ":" in key:
-        raise ConfigError(f"override {override!r}: only params.yaml keys can be set (no '<file>:' prefix)")
-    try:
-        parsed = OverridesParser.create().parse_override(override)
-    except HydraException as err:
-        raise ConfigError(f"override {override!r}: not a valid key=value: {err}") from None
-    if parsed.type == OverrideType.DEL:
-        raise ConfigError(f"override {override!r}: deleting keys is not supported")
-    if not _KEY.match(parsed.key_or_group):
-        raise ConfigError(f"override {override!r}: {parsed.key_or_group!r} is not a dotted params key")
-    if parsed.value_type != ValueType.ELEMENT:
-        raise ConfigError(
-            f"override {override!r}: is a sweep (several values); give one value per run "
-            "(quote a string that contains commas)"
-        )
-    return parsed
+    raise ConfigError(
+        f"{key}: {value!r} cannot be a params override (a finite number, a string without '${{', ...)"
+    )
 
 
 def build_overrides(*, overrides: Sequence[str] = (), **named: Any) -> list[str]:
-    """The `-S` list for one run: the named parameters that are set (see PARAM_KEYS), then ``overrides``.
-
-    A key set twice (by a named parameter and an override, or by two overrides) is an error naming it.
-    """
-    unknown = sorted(set(named) - set(PARAM_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown run parameter(s) {unknown}; valid: {sorted(PARAM_KEYS)}")
-    out: list[str] = []
-    seen: dict[str, str] = {}
-    for name, value in named.items():
-        if value is None:
-            continue
-        key = PARAM_KEYS[name]
-        out.append(f"{key}={hydra_value(value, key=name)}")
-        seen[key] = f"parameter {name!r}"
+    """The `-S` list of one run: the named parameters that are set (PARAM_KEYS), then ``overrides``
+    (check_overrides checks them). A key set twice is an error naming it."""
+    if set(named) - set(PARAM_KEYS):
+        raise ConfigError(
+            f"unknown run parameter(s) {sorted(set(named) - set(PARAM_KEYS))}; valid: {sorted(PARAM_KEYS)}"
+        )
     if isinstance(overrides, str):
         raise ConfigError(f"overrides must be a list of key=value strings, got the string {overrides!r}")
-    for o in overrides:
-        key = _parse_one(o).key_or_group
+    given = [
+        (f"parameter {k!r}", f"{PARAM_KEYS[k]}={hydra_value(v, key=k)}")
+        for k, v in named.items()
+        if v is not None
+    ]
+    seen: dict[str, str] = {}
+    for what, o in given + [(f"override {o!r}", o) for o in overrides]:
+        if not isinstance(o, str) or "=" not in o:
+            raise ConfigError(f"override {o!r}: expected key=value (e.g. sft.lr=0.001)")
+        key = o.split("=", 1)[0].strip().lstrip("+")
         if key in seen:
-            raise ConfigError(f"override {o!r}: {key} is already set by {seen[key]}")
-        seen[key] = f"override {o!r}"
-        out.append(o.strip())
-    return out
+            raise ConfigError(f"{what}: {key} is already set by {seen[key]}")
+        seen[key] = what
+    return [o.strip() for _, o in given] + [o.strip() for o in overrides]
 
 
 def check_overrides(params_text: str, overrides: Sequence[str], source: str = "params.yaml") -> Params:
     """The typed params a run with ``overrides`` will see, or ConfigError naming the bad override/key.
-
-    Applies the overrides with DVC's own code (what `dvc exp run -S` does) to a copy of ``params_text``.
-    """
+    Applies them with DVC's own code (what `dvc exp run -S` does) to a copy of ``params_text``."""
     from dvc.exceptions import InvalidArgumentError
     from dvc.utils.hydra import apply_overrides
 
@@ -169,15 +112,14 @@ def check_overrides(params_text: str, overrides: Sequence[str], source: str = "p
         path = Path(tmp) / "params.yaml"
         path.write_text(params_text)
         for o in overrides:
-            _parse_one(o)
-            o = o.strip()
             try:
                 apply_overrides(path, [o])
-            except InvalidArgumentError as err:
-                cause = err.__cause__
-                msg = getattr(cause, "message", None) or str(cause or err)
+            except InvalidArgumentError as err:  # Hydra's message, or of two, one that says more
+                msg = str(getattr(err.__cause__, "message", None) or err.__cause__ or err)
                 if msg.startswith("Could not override"):
-                    msg = f"params.yaml has no key {_parse_one(o).key_or_group!r}"
+                    msg = f"params.yaml has no key {o.split('=', 1)[0]!r}"
+                elif msg.startswith("Error merging override"):
+                    msg = "a sweep (several values)? give one value per run (quote a string with commas)"
                 raise ConfigError(f"override {o!r}: {' '.join(msg.split())}") from None
         try:
             return load_params(path)
@@ -194,75 +136,39 @@ def check_experiment_name(name: str) -> str:
     return name
 
 
-# ----------------------------------------------------------------------------------------------
-# git / dvc helpers
-
-
-def _git(repo: Path, *args: str, check: bool = True) -> str:
+def _git(repo: Path, *args: str) -> str:
     proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-    if check and proc.returncode != 0:
+    if proc.returncode:
         raise ExperimentError(
-            f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip() or proc.stdout.strip()}"
+            f"git {' '.join(args)} failed in {repo}: {(proc.stderr or proc.stdout).strip()}"
         )
     return proc.stdout.strip()
 
 
 def head_rev(repo: Path) -> str:
-    rev = _git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
-    if not rev:
-        raise ExperimentError(f"{repo} has no commit yet: DVC experiments need one (git commit first)")
-    return rev
-
-
-def experiment_ref(baseline_rev: str, name: str) -> str:
-    """Where DVC keeps an experiment: refs/exps/<first 2 hex>/<other 38 hex>/<name>."""
-    return f"refs/exps/{baseline_rev[:2]}/{baseline_rev[2:]}/{name}"
-
-
-def ref_exists(repo: Path, ref: str) -> bool:
-    return bool(_git(repo, "rev-parse", "--verify", "--quiet", ref, check=False))
-
-
-def _read_at(repo: Path, baseline: Baseline, rev: str, path: str) -> str | None:
-    """A file of the workspace, or as committed at ``rev`` (dvc.api.read); None if it is not there."""
-    import dvc.api
-    from dvc.exceptions import PathMissingError
-
-    if baseline == "workspace":
-        return (repo / path).read_text() if (repo / path).is_file() else None
     try:
-        return dvc.api.read(path, repo=str(repo), rev=rev)
-    except PathMissingError:
-        return None
+        return _git(repo, "rev-parse", "--verify", "HEAD^{commit}")
+    except ExperimentError:
+        raise ExperimentError(
+            f"{repo} has no commit yet: DVC experiments need one (git commit first)"
+        ) from None
+
+
+def experiment_ref(repo: Path, rev: str, name: str) -> str | None:
+    """Where DVC keeps experiment ``name`` of baseline ``rev`` (ExpRefInfo), if it exists, else None."""
+    from dvc.repo.experiments.refs import ExpRefInfo
+
+    ref = str(ExpRefInfo(rev, name))
+    return ref if subprocess.run(["git", "show-ref", "--quiet", ref], cwd=repo).returncode == 0 else None
 
 
 def params_at(repo: Path, baseline: Baseline, rev: str) -> str:
-    text = _read_at(repo, baseline, rev, "params.yaml")
-    if text is None:
-        raise ExperimentError(
-            f"params.yaml is not committed at {rev[:8]}; commit it or use baseline='workspace'"
-        )
-    return text
+    """params.yaml of the workspace, or as committed at ``rev``."""
+    import dvc.api
 
-
-def check_targets(repo: Path, baseline: Baseline, rev: str, targets: Sequence[str]) -> list[str]:
-    """``targets`` must name stages of dvc.yaml (``name`` or ``name@item``); ConfigError lists the valid ones."""
-    import yaml
-
-    if not targets:
-        return []
-    text = _read_at(repo, baseline, rev, "dvc.yaml")
-    stages = sorted(((yaml.safe_load(text) or {}).get("stages") or {}) if text else {})
-    for t in targets:
-        if not isinstance(t, str) or t.split("@", 1)[0] not in stages:
-            raise ConfigError(f"targets: {t!r} is not a stage of dvc.yaml; stages: {', '.join(stages)}")
-    return list(targets)
-
-
-def dirty_files(repo: Path) -> list[str]:
-    """Tracked files with uncommitted changes (what a workspace-baseline run would include)."""
-    out = _git(repo, "status", "--porcelain", "--untracked-files=no")
-    return [line[3:] for line in out.splitlines() if line.strip()]
+    if baseline == "workspace":
+        return (repo / "params.yaml").read_text()
+    return dvc.api.read("params.yaml", repo=str(repo), rev=rev)
 
 
 def read_metrics(repo: Path, rev: str, since: str) -> dict[str, float]:
@@ -277,123 +183,67 @@ def read_metrics(repo: Path, rev: str, since: str) -> dict[str, float]:
         f"{Path(path).stem}.{key}": float(change["new"])
         for path, changes in (json.loads(proc.stdout or "{}") or {}).items()
         for key, change in changes.items()
-        if isinstance(change.get("new"), (int, float)) and not isinstance(change.get("new"), bool)
+        if type(change.get("new")) in (int, float)
     }
-
-
-def _cache_dir(repo: Path) -> str:
-    from dvc.repo import Repo
-
-    with contextlib.closing(Repo(str(repo))) as r:
-        return str(r.cache.local_cache_dir)
 
 
 def _stream(
     cmd: list[str], cwd: Path, env: dict[str, str], on_line: Callable[[str], None]
 ) -> tuple[int, str]:
-    """Run ``cmd`` in its own process group and hand each output line to ``on_line`` (in this thread).
-
-    Returns (exit code, output) once the command exits; whatever it left running in its group is
-    then killed (also when ``on_line`` or a signal interrupts the wait), so nothing outlives the run.
-    """
+    """Run ``cmd`` in its own process group, handing each output line to ``on_line`` (of a progress
+    bar: its last state). Returns (exit code, output). What the command left in its group is killed
+    when it exits (it might hold the output open) and when ``on_line`` or a signal interrupts."""
     proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
-    pending: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=_read_lines, args=(proc.stdout, pending), daemon=True)
-    reader.start()
-    lines: list[str] = []
+    lines: queue.Queue[str] = queue.Queue()
 
-    def drain(timeout: float) -> None:
-        try:
-            line = pending.get(timeout=timeout)
-            while True:
-                lines.append(line)
+    def read() -> None:  # bytes: text mode would make a line of each '\r' of a progress bar
+        for raw in proc.stdout:
+            parts = [p.rstrip() for p in raw.decode(errors="replace").rstrip("\n").split("\r") if p.strip()]
+            lines.put(parts[-1] if parts else "")
+
+    reader, out = threading.Thread(target=read, daemon=True), []
+    reader.start()
+    try:  # this thread waits in short steps, so a signal (Prefect's SIGTERM) interrupts it at once
+        while reader.is_alive() or not lines.empty():
+            with contextlib.suppress(queue.Empty):
+                out.append(line := lines.get(timeout=0.2))
                 if line:
                     on_line(line)
-                line = pending.get_nowait()
-        except queue.Empty:
-            pass
-
-    try:
-        while proc.poll() is None:
-            drain(0.2)
-        reader.join(timeout=5.0)  # a leftover process may hold the pipe open: do not wait for it
-        drain(0)
-        return proc.returncode, "\n".join(lines)
+            if proc.poll() is not None:
+                _kill_group(proc)
+        return proc.wait(), "\n".join(out)
     finally:
         _kill_group(proc)
 
 
-def _read_lines(stream, out: queue.Queue) -> None:
-    with contextlib.suppress(ValueError, OSError):
-        for raw in stream:  # bytes: text mode would turn every '\r' of a progress bar into a line
-            text = raw.decode("utf-8", errors="replace").rstrip("\n")
-            parts = [p.rstrip() for p in text.split("\r") if p.strip()]
-            out.put(parts[-1] if parts else "")  # a progress bar's last state
-
-
 def _kill_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the process group of ``proc``, SIGKILL what is left after ``grace`` seconds.
-
-    (An interrupted `dvc exp run` and its stage take about 8 s to wind down on 2 busy cores.)"""
+    """SIGTERM the process group of ``proc``, SIGKILL what is left after ``grace`` seconds (an
+    interrupted `dvc exp run` and its stage take about 8 s to wind down on 2 busy cores)."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
         end = time.monotonic() + wait
-        while time.monotonic() < end:
-            proc.poll()  # reap the leader, or the group never looks empty
-            try:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone
+            os.killpg(proc.pid, sig)
+            while time.monotonic() < end:
+                proc.poll()  # reap the leader, or the group never looks empty
                 os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-    proc.poll()
-
-
-def _remove_stale_runs(repo: Path) -> None:
-    """Delete clones left by runs whose process died without cleaning up (e.g. SIGKILL)."""
-    root = repo / RUNS_DIR
-    for d in root.glob("*") if root.is_dir() else []:
-        try:
-            pid = int((d / ".steprl-owner").read_text().split()[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except (OSError, ValueError, IndexError):
-            continue
-
-
-def _share_cache(repo: Path, run_dir: Path) -> None:
-    """The clone's local DVC config: the repo's own (remotes, ...) with cache.dir = the repo's cache."""
-    from configobj import ConfigObj
-
-    local = repo / ".dvc" / "config.local"
-    if local.is_file():
-        shutil.copy2(local, run_dir / ".dvc" / "config.local")
-    conf = ConfigObj(str(run_dir / ".dvc" / "config.local"))
-    conf.setdefault("cache", {})["dir"] = _cache_dir(repo)
-    conf.write()
+                time.sleep(0.1)
 
 
 @contextlib.contextmanager
-def _head_clone(repo: Path, rev: str, name: str) -> Iterator[Path]:
-    """A private clone of ``repo`` at ``rev`` that shares the repo's DVC cache; removed afterwards."""
-    _remove_stale_runs(repo)
-    run_dir = repo / RUNS_DIR / f"{name}-{uuid.uuid4().hex[:8]}"
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+def _head_clone(repo: Path, rev: str) -> Iterator[Path]:
+    """A private clone of ``repo`` at ``rev`` with the repo's local DVC config and its DVC cache."""
+    from dvc.repo import Repo
+
+    run_dir = repo / RUNS_DIR / uuid.uuid4().hex[:12]
     try:
         _git(repo, "clone", "--quiet", "--shared", "--no-checkout", str(repo), str(run_dir))
-        (run_dir / ".steprl-owner").write_text(f"{os.getpid()}\n")
         _git(run_dir, "checkout", "--quiet", "--detach", rev)
-        _share_cache(repo, run_dir)
+        if (repo / ".dvc" / "config.local").is_file():
+            shutil.copy2(repo / ".dvc" / "config.local", run_dir / ".dvc" / "config.local")
+        with Repo(str(repo)) as ours, Repo(str(run_dir)) as clone, clone.config.edit("local") as conf:
+            conf.setdefault("cache", {})["dir"] = ours.cache.local_cache_dir
         yield run_dir
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -414,49 +264,27 @@ def run_experiment(
     ``env`` is the environment of the run (the stage commands inherit it). Raises ExperimentError
     (with the last lines of dvc's output) when dvc fails; the partial experiment is not kept.
     """
-    repo = Path(repo).resolve()
-    check_experiment_name(name)
-    if baseline not in ("head", "workspace"):
-        raise ConfigError(f"baseline {baseline!r}: use 'head' or 'workspace'")
-    rev = head_rev(repo)
-    ref = experiment_ref(rev, name)
-    if ref_exists(repo, ref):
-        raise ConfigError(
-            f"experiment_name {name!r}: an experiment of that name already exists for {rev[:7]}"
-        )
-    dvc = [sys.executable, "-m", "dvc", "--wait-for-lock", "exp", "run", "-n", name]
-    for o in overrides:
-        dvc += ["-S", o]
-    dvc += list(targets)
-    env = dict(os.environ if env is None else env)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    bin_dir = str(Path(sys.executable).parent)
-    if not env.get("PATH", "").startswith(bin_dir):
-        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-
+    repo, rev = Path(repo).resolve(), head_rev(repo)
+    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "exp", "run", "-n", name]
+    cmd += [arg for o in overrides for arg in ("-S", o)] + list(targets)
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stages' python
     if baseline == "workspace":
-        env["PYTHONPATH"] = str(repo)
-        code, log = _stream(dvc[:6] + ["--temp"] + dvc[6:], repo, env, on_line)
+        code, log = _stream([*cmd, "--temp"], repo, {**env, "PYTHONPATH": str(repo)}, on_line)
     else:
-        with _head_clone(repo, rev, name) as run_dir:
-            env["PYTHONPATH"] = str(run_dir)  # the clone's code, not an editable install's
-            # dvc's "applied to your workspace" means the clone's; the user's workspace is untouched
-            quiet = lambda line: None if "applied to your workspace" in line else on_line(line)  # noqa: E731
-            code, log = _stream(dvc, run_dir, env, quiet)
-            if code == 0:
-                fetched = subprocess.run(
-                    ["git", "fetch", "--quiet", "--no-tags", str(run_dir), f"{ref}:{ref}"],
-                    cwd=repo,
-                    capture_output=True,
-                    text=True,
-                )
-                if fetched.returncode != 0:
-                    raise ExperimentError(
-                        f"could not bring experiment {name!r} back: {fetched.stderr.strip()}"
-                    )
+        with _head_clone(repo, rev) as run_dir:  # dvc's "applied to your workspace" is the clone's
+            clone_env = {**env, "PYTHONPATH": str(run_dir)}
+            code, log = _stream(
+                cmd, run_dir, clone_env, lambda line: "applied to your workspace" in line or on_line(line)
+            )
+            if code == 0 and (ref := experiment_ref(run_dir, rev, name)):  # bring it into the repo
+                _git(repo, "fetch", "--no-tags", str(run_dir), f"{ref}:{ref}")
     if code != 0:
         tail = "\n".join(log.splitlines()[-30:])
         raise ExperimentError(f"dvc exp run failed (exit code {code}); last lines:\n{tail}")
-    if not ref_exists(repo, ref):
-        raise ExperimentError(f"dvc exp run finished but {ref} does not exist; output:\n{log[-3000:]}")
+    ref = experiment_ref(repo, rev, name)
+    if not ref:
+        raise ExperimentError(
+            f"dvc exp run finished but experiment {name!r} does not exist; output:\n{log[-3000:]}"
+        )
     return ExperimentResult(name=name, ref=ref, rev=_git(repo, "rev-parse", ref), baseline_rev=rev, log=log)

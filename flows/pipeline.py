@@ -3,16 +3,13 @@
 A run checks its parameters against the typed params BEFORE anything runs (a bad key fails the run
 with the key named), opens a parent MLflow run, runs `dvc exp run -n <name> -S ...` without touching
 the user's workspace (flows/_experiments.py: a private clone of HEAD by default), streams dvc's output
-to the Prefect logs, and records the experiment (name, git ref, metrics) on the parent MLflow run.
-Stage runs (sft, evaluate-sft, grpo-s0, ...) are logged as its children, so one scheduled run is one row in the
-MLflow UI, one flow run in the Prefect UI and one row in `dvc exp show`.
+to the Prefect logs, and records the experiment (git ref, metrics, dvc's log) on the parent MLflow run.
+Stage runs (sft, evaluate-sft, grpo-s0, ...) are logged as its children, so one scheduled run is one
+row in the MLflow UI, one flow run in the Prefect UI and one row in `dvc exp show`. The stage processes
+inherit PREFECT_API_URL and MLFLOW_TRACKING_URI: under `make serve` they report to both servers.
 
-Run it:
-    python -m flows.pipeline run -S seed=1 -S sft.steps=50      # once, here
-    python -m flows.pipeline serve --cron "0 3 * * *"           # served deployment (see flows/serve.py)
-
-The stage processes get PREFECT_API_URL and MLFLOW_TRACKING_URI from this process, so under
-`make serve` they report to the Prefect server and log through the MLflow tracking server.
+    python -m flows.pipeline run -S seed=1 -S sft.steps=50 [stage ...]    # once, here
+    python -m flows.pipeline serve       # the deployment pipeline/steprl (the Procfile of `make serve`)
 """
 
 import argparse
@@ -21,86 +18,33 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import deployment, flow_run
 from pydantic import Field
 
 from components.config import ConfigError
 from flows import REPO
 from flows._experiments import (
-    ExperimentResult,
     build_overrides,
     check_experiment_name,
     check_overrides,
-    check_targets,
-    dirty_files,
     experiment_ref,
     head_rev,
     params_at,
     read_metrics,
-    ref_exists,
     run_experiment,
 )
-from flows._stage import flatten, tracking_uri
+from flows._stage import flatten, mlflow_run, tracking_uri
 
-DEPLOYMENT = "steprl"  # served as pipeline/steprl
-
-
-@task(name="check-parameters", cache_policy=NO_CACHE)
-def plan_run(
-    overrides: list[str], baseline: str, experiment_name: str | None, targets: list[str] | None = None
-) -> dict[str, Any]:
-    """Resolve and validate everything a run needs; raises ConfigError naming the bad key."""
-    rev = head_rev(REPO)
-    params = check_overrides(params_at(REPO, baseline, rev), overrides, source=f"params.yaml ({baseline})")
-    targets = check_targets(REPO, baseline, rev, targets or [])
-    name = check_experiment_name(experiment_name or _default_name())
-    if ref_exists(REPO, experiment_ref(rev, name)):
-        if experiment_name:
-            raise ConfigError(
-                f"experiment_name {name!r}: an experiment of that name already exists for {rev[:7]}"
-            )
-        name = f"{name}-{int(time.time()) % 100000}"
-    dirty = dirty_files(REPO) if baseline == "workspace" else []
-    log = get_run_logger()
-    log.info(
-        "experiment %r from %s (%s), overrides: %s", name, baseline, rev[:7], " ".join(overrides) or "none"
-    )
-    if dirty:
-        log.warning("baseline 'workspace' includes uncommitted changes to: %s", ", ".join(dirty))
-    return {
-        "name": name,
-        "baseline": baseline,
-        "baseline_rev": rev,
-        "overrides": overrides,
-        "params": params.model_dump(mode="json"),
-        "mlflow_uri": tracking_uri(params),
-        "mlflow_experiment": params.mlflow.experiment or params.task,
-        "dirty": dirty,
-        "targets": targets,
-    }
+# `dvc exp run` as a task of the flow run: a SIGTERM (Ctrl-C of `make serve`) is logged as its crash
+dvc_exp_run = task(run_experiment, name="dvc-exp-run", cache_policy=NO_CACHE)
 
 
-@task(name="dvc-exp-run", cache_policy=NO_CACHE)
-def dvc_exp_run(plan: dict[str, Any], env: dict[str, str]) -> ExperimentResult:
-    """`dvc exp run` with the plan's overrides; every output line goes to the Prefect log."""
-    log = get_run_logger()
-    return run_experiment(
-        REPO,
-        plan["overrides"],
-        plan["name"],
-        baseline=plan["baseline"],
-        targets=plan["targets"],
-        env=env,
-        on_line=log.info,
-    )
-
-
-@flow(name="pipeline", persist_result=True)
+@flow(name="pipeline", persist_result=True, log_prints=True)
 def pipeline(
     task: str | None = None,
     algorithms: list[str] | None = None,
@@ -129,192 +73,99 @@ def pipeline(
         baseline: What the run starts from: "head" = the last git commit (uncommitted edits in the
             workspace are ignored), "workspace" = the workspace as it is (DVC's `--temp` run).
     """
-    run_overrides = build_overrides(
-        task=task,
-        algorithms=algorithms,
-        seed=seed,
-        iterations=iterations,
-        model_path=model_path,
-        overrides=overrides,
-    )
-    plan = plan_run(run_overrides, baseline, experiment_name, targets)
-    with parent_mlflow_run(plan) as run_id:
-        result = dvc_exp_run(plan, stage_env(plan, run_id))
-        metrics = record_experiment(run_id, plan, result)
-    return {
-        "experiment": result.name,
-        "ref": result.ref,
-        "rev": result.rev,
-        "baseline_rev": result.baseline_rev,
-        "overrides": run_overrides,
-        "mlflow_run_id": run_id,
-        "metrics": metrics,
-    }
-
-
-# ----------------------------------------------------------------------------------------------
-# MLflow: one parent run per pipeline run; stage runs become its children
-
-
-def _default_name() -> str:
-    from prefect.runtime import flow_run
-
-    name = flow_run.get_name()
-    return name if name else time.strftime("run-%Y%m%d-%H%M%S")
-
-
-def _artifact_location(uri: str) -> str | None:
-    """Artifacts of experiments created here go to mlflow/artifacts, as for runs logged without a server."""
-    local = uri.startswith("sqlite:") or any(h in uri for h in ("//127.0.0.1", "//localhost"))
-    return (REPO / "mlflow" / "artifacts").as_uri() if local else None
-
-
-@contextlib.contextmanager
-def parent_mlflow_run(plan: dict[str, Any]) -> Iterator[str]:
-    from prefect.runtime import deployment, flow_run
-
     import mlflow
 
-    mlflow.set_tracking_uri(plan["mlflow_uri"])
-    name = plan["mlflow_experiment"]
-    if mlflow.get_experiment_by_name(name) is None:
-        (REPO / "mlflow").mkdir(exist_ok=True)
-        with contextlib.suppress(Exception):  # created concurrently by another run
-            mlflow.create_experiment(name, artifact_location=_artifact_location(plan["mlflow_uri"]))
-    experiment = mlflow.set_experiment(name)
+    named = dict(task=task, algorithms=algorithms, seed=seed, iterations=iterations, model_path=model_path)
+    run_overrides = build_overrides(**named, overrides=overrides)
+    rev, targets = head_rev(REPO), targets or []
+    params = check_overrides(params_at(REPO, baseline, rev), run_overrides, f"params.yaml ({baseline})")
+    name = check_experiment_name(experiment_name or flow_run.get_name() or time.strftime("run-%Y%m%d-%H%M%S"))
+    if experiment_ref(REPO, rev, name):
+        if experiment_name:
+            raise ConfigError(f"experiment_name {name!r}: an experiment of that name exists for {rev[:7]}")
+        name = f"{name}-{int(time.time()) % 100000}"
+    print(f"experiment {name!r} from {baseline} ({rev[:7]}), overrides: {' '.join(run_overrides) or 'none'}")
     tags = {
         "steprl.stage": "pipeline",
-        "steprl.dvc_exp": plan["name"],
-        "steprl.baseline": plan["baseline"],
-        "steprl.baseline_rev": plan["baseline_rev"],
-        "steprl.overrides": " ".join(plan["overrides"]) or "(none)",
-        "steprl.targets": " ".join(plan["targets"]) or "(all)",
+        "steprl.dvc_exp": name,
+        "steprl.baseline": baseline,
+        "steprl.baseline_rev": rev,
+        "steprl.overrides": " ".join(run_overrides) or "(none)",
+        "steprl.targets": " ".join(targets) or "(all)",
         "prefect.flow_run_id": str(flow_run.get_id() or ""),
         "prefect.flow_run_name": str(flow_run.get_name() or ""),
         "prefect.deployment": str(deployment.get_name() or ""),
     }
-    if plan["dirty"]:
-        tags["steprl.uncommitted"] = ", ".join(plan["dirty"])[:5000]
-    with mlflow.start_run(
-        experiment_id=experiment.experiment_id, run_name=f"pipeline {plan['name']}", tags=tags
-    ) as run:
-        flat = flatten(plan["params"])
-        items = [
-            (k, "null" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else v)
-            for k, v in flat.items()
-        ]
-        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per call
-            mlflow.log_params(dict(items[i : i + 100]))
-        get_run_logger().info(
-            "MLflow: run %s in experiment %r at %s", run.info.run_id, name, plan["mlflow_uri"]
-        )
+    flat = flatten(params.model_dump(mode="json"))
+    with mlflow_run(params, f"pipeline {name}", [], tags=tags, extra_params=flat) as run:
+        # the stages' environment: without the runner's internals; their MLflow runs become children
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__")}
+        env["MLFLOW_TRACKING_URI"] = tracking_uri(params)
+        context = {"mlflow.parentRunId": run.info.run_id, "steprl.dvc_exp": name}
+        context["prefect.flow_run_id"] = tags["prefect.flow_run_id"]
+        env["MLFLOW_RUN_CONTEXT"] = json.dumps(context)  # MLflow's: tags of every run the stages start
         try:
-            yield run.info.run_id
+            result = dvc_exp_run(
+                REPO,
+                run_overrides,
+                name,
+                baseline=baseline,
+                targets=targets,
+                env=env,
+                on_line=get_run_logger().info,
+            )
         except BaseException as err:  # the run ends FAILED; keep why next to it
-            with contextlib.suppress(Exception):
-                mlflow.log_text(f"{type(err).__name__}: {err}\n", "error.txt")
+            mlflow.log_text(f"{type(err).__name__}: {err}\n", "error.txt")
             raise
-
-
-def stage_env(plan: dict[str, Any], run_id: str) -> dict[str, str]:
-    """Environment of `dvc exp run`: same Prefect server, same MLflow store, stage runs as children."""
-    from prefect.runtime import flow_run
-    from prefect.settings import PREFECT_API_URL
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__")}  # runner internals
-    api = PREFECT_API_URL.value()
-    if api and "ephemeral" not in api:
-        env["PREFECT_API_URL"] = api
-    env["PREFECT_HOME"] = os.environ.get("PREFECT_HOME", str(REPO / ".prefect"))
-    env["MLFLOW_TRACKING_URI"] = plan["mlflow_uri"]
-    env["MLFLOW_RUN_CONTEXT"] = json.dumps(
-        {
-            "mlflow.parentRunId": run_id,
-            "steprl.dvc_exp": plan["name"],
-            "prefect.flow_run_id": str(flow_run.get_id() or ""),
-        }
-    )
-    return env
-
-
-def record_experiment(run_id: str, plan: dict[str, Any], result: ExperimentResult) -> dict[str, float]:
-    """Tag the parent run with the experiment's ref, log the metrics it changed and dvc's output."""
-    import mlflow
-
-    client = mlflow.MlflowClient(plan["mlflow_uri"])
-    client.set_tag(run_id, "steprl.dvc_ref", result.ref)
-    client.set_tag(run_id, "steprl.dvc_rev", result.rev)
-    metrics = read_metrics(REPO, result.rev, since=result.baseline_rev)
-    if metrics:
+        mlflow.set_tags({"steprl.dvc_ref": result.ref, "steprl.dvc_rev": result.rev})
+        metrics = read_metrics(REPO, result.rev, since=rev)
         mlflow.log_metrics(metrics)
-    mlflow.log_text(result.log, "dvc_exp_run.log")
-    get_run_logger().info(
-        "DVC experiment %r (%s): `dvc exp show`, `dvc exp apply %s`", result.name, result.rev[:7], result.name
-    )
-    return metrics
+        mlflow.log_text(result.log, "dvc_exp_run.log")
+    print(f"DVC experiment {name!r} ({result.rev[:7]}): `dvc exp show`, `dvc exp apply {name}`")
+    return {
+        "experiment": name,
+        "ref": result.ref,
+        "rev": result.rev,
+        "baseline_rev": rev,
+        "overrides": run_overrides,
+        "mlflow_run_id": run.info.run_id,
+        "metrics": metrics,
+    }
 
 
-# ----------------------------------------------------------------------------------------------
-# command line
-
-
-def serve_pipeline(
-    name: str = DEPLOYMENT,
-    cron: str | None = None,
-    interval: float | None = None,
-    overrides: list[str] | None = None,
-    limit: int | None = 1,
-) -> None:
-    """Serve the deployment pipeline/<name> from this process (blocks; flow runs are subprocesses)."""
+def serve_deployment() -> None:
+    """Serve pipeline/steprl from this process (blocks; flow runs are subprocesses), settings from the
+    environment the Procfile gets: STEPRL_SCHEDULE_CRON or STEPRL_SCHEDULE_INTERVAL (seconds) and
+    STEPRL_OVERRIDES (default overrides, a JSON list). Without a schedule it keeps the deployment's
+    schedules (made in the UI), which `serve` would otherwise replace by none."""
     import warnings
 
     from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.deployments.runner import EntrypointType
+    from prefect.exceptions import ObjectNotFound
 
-    # Prefect's SIGTERM handler calls the async Runner.stop without awaiting it (the schedules are
-    # still paused on the way out); keep its warning out of the `make serve` output.
+    # Prefect's SIGTERM handler calls the async Runner.stop without awaiting it; keep its warning out
     warnings.filterwarnings("ignore", "coroutine 'Runner.astop' was never awaited")
-    parameters = {"overrides": list(overrides)} if overrides else None
-    with get_client(sync_client=True) as client:  # started next to the server: wait until it answers
-        deadline = time.monotonic() + 240
-        while client.api_healthcheck() is not None:
-            if time.monotonic() > deadline:
-                raise ConfigError(f"the Prefect API at {client.api_url} did not answer within 240 s")
-            time.sleep(0.5)
-    if overrides:
-        check_overrides(params_at(REPO, "head", head_rev(REPO)), build_overrides(overrides=overrides))
-    # No schedule flag: keep the schedules the deployment already has (set in the UI), which
-    # `serve` would otherwise replace by none. A flag replaces them.
-    schedules = None if cron or interval else existing_schedules(name)
+    cron, interval = os.environ.get("STEPRL_SCHEDULE_CRON"), os.environ.get("STEPRL_SCHEDULE_INTERVAL")
+    kept = []
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
+        kept = [
+            DeploymentScheduleCreate(schedule=s.schedule, active=s.active, parameters=s.parameters)
+            for s in client.read_deployment_by_name("pipeline/steprl").schedules
+        ]
+    overrides = json.loads(os.environ.get("STEPRL_OVERRIDES") or "[]")
     pipeline.serve(
-        name=name,
-        cron=cron,
-        interval=timedelta(seconds=interval) if interval else None,
-        schedules=schedules,
-        parameters=parameters,
-        limit=limit,
+        name="steprl",
+        cron=cron or None,
+        interval=timedelta(seconds=float(interval)) if interval else None,
+        schedules=None if cron or interval else kept or None,
+        parameters={"overrides": overrides} if overrides else None,
+        limit=1,  # one run at a time, the next ones wait
         tags=["steprl"],
         description="The steprl pipeline as a DVC experiment (dvc exp run), logged to MLflow.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-
-
-def existing_schedules(name: str = DEPLOYMENT) -> list | None:
-    """The schedules of deployment pipeline/<name> on the Prefect server (None if it has none or is new)."""
-    from prefect import get_client
-    from prefect.client.schemas.actions import DeploymentScheduleCreate
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            dep = client.read_deployment_by_name(f"pipeline/{name}")
-        except ObjectNotFound:
-            return None
-    kept = [
-        DeploymentScheduleCreate(schedule=s.schedule, active=s.active, parameters=s.parameters or {})
-        for s in dep.schedules or []
-    ]
-    return kept or None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -325,29 +176,12 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("-n", "--name", dest="experiment_name", default=None)
     run.add_argument("--baseline", choices=["head", "workspace"], default="head")
     run.add_argument("targets", nargs="*", help="DVC stages (default: the whole pipeline)")
-    # `make serve` (the Procfile) passes its flags through the environment; flags here win.
-    env = os.environ.get
-    srv = sub.add_parser("serve", help="serve the deployment pipeline/<name> (needs PREFECT_API_URL)")
-    srv.add_argument("--name", default=env("STEPRL_DEPLOYMENT") or DEPLOYMENT)
-    srv.add_argument("--cron", default=env("STEPRL_SCHEDULE_CRON") or None, help='e.g. "0 3 * * *"')
-    srv.add_argument("--interval", type=float, default=env("STEPRL_SCHEDULE_INTERVAL") or None)
-    srv.add_argument(
-        "-S",
-        "--set",
-        dest="overrides",
-        action="append",
-        default=json.loads(env("STEPRL_OVERRIDES") or "[]"),
-        metavar="KEY=VALUE",
-        help="default overrides of scheduled runs (editable in the UI)",
-    )
-    srv.add_argument("--limit", type=int, default=int(env("STEPRL_LIMIT") or 1), help="most runs at once")
+    sub.add_parser("serve", help="serve the deployment pipeline/steprl (needs PREFECT_API_URL)")
     args = vars(parser.parse_args(argv))
-    command = args.pop("command")
     try:
-        if command == "serve":
-            serve_pipeline(**args)
+        if args.pop("command") == "serve":
+            serve_deployment()
         else:
-            args["targets"] = args["targets"] or None
             print(json.dumps(pipeline(**args), indent=2))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,5 +1,5 @@
-"""Fast tests of the service layer: override building/checking, experiment helpers, the process
-supervisor (with stand-in services) and the status command. The real servers are in
+"""Fast tests of the service layer: override building/checking, experiments in a tiny DVC repo, the
+process supervisor (with stand-in services) and the status command. The real servers are in
 test_pipeline_service_mlflow.py and test_pipeline_service_e2e.py."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from components.config import ConfigError
+from components.train.distributed import free_port
 from flows import serve
 from flows._experiments import (
     PARAM_KEYS,
@@ -28,8 +29,6 @@ from flows._experiments import (
     build_overrides,
     check_experiment_name,
     check_overrides,
-    check_targets,
-    experiment_ref,
     hydra_value,
     read_metrics,
     run_experiment,
@@ -122,22 +121,24 @@ def test_build_overrides_passes_only_set_parameters_mapped_to_their_keys():
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"overrides": ["sft.lr"]}, "expected key=value"),
-        ({"overrides": ["seed=1,2"]}, "sweep"),
-        ({"overrides": ["params.yaml:seed=1"]}, "only params.yaml keys"),
-        ({"overrides": ["~seed"]}, "expected key=value"),
-        ({"overrides": ["=3"]}, "'' is not a dotted params key"),
-        ({"overrides": ["seed=[1"]}, "not a valid key=value"),
-        ({"overrides": ["a..b=1"]}, "a..b"),
+        ({"overrides": ["sft.lr"]}, "override 'sft.lr': expected key=value"),
+        ({"overrides": ["seed=1,2"]}, "override 'seed=1,2': a sweep (several values)?"),
+        ({"overrides": ["params.yaml:seed=1"]}, "override 'params.yaml:seed=1': Error parsing override"),
+        ({"overrides": ["~seed"]}, "override '~seed': expected key=value"),
+        ({"overrides": ["=3"]}, "override '=3': params.yaml has no key ''"),
+        ({"overrides": ["seed=[1"]}, "override 'seed=[1': no viable alternative"),
+        ({"overrides": ["a..b=1"]}, "override 'a..b=1'"),
         ({"overrides": "seed=1"}, "list"),
-        ({"seed": 1, "overrides": ["seed=2"]}, "already set by parameter 'seed'"),
+        ({"overrides": [None]}, "override None: expected key=value"),
+        ({"seed": 1, "overrides": ["seed=2"]}, "override 'seed=2': seed is already set by parameter 'seed'"),
         ({"overrides": ["sft.lr=1", "sft.lr=2"]}, "already set by override 'sft.lr=1'"),
         ({"lr": 1}, "unknown run parameter"),
     ],
 )
-def test_build_overrides_rejects_bad_input_naming_it(kwargs, needle):
-    with pytest.raises(ConfigError, match=None) as err:
-        build_overrides(**kwargs)
+def test_bad_run_parameters_are_rejected_naming_them(kwargs, needle):
+    """What a run does with its parameters before anything runs: build the `-S` list, check it."""
+    with pytest.raises(ConfigError) as err:
+        check_overrides(PARAMS, build_overrides(**kwargs))
     assert needle in str(err.value), str(err.value)
 
 
@@ -190,11 +191,6 @@ def test_experiment_names_rejected(name):
         check_experiment_name(name)
 
 
-def test_experiment_ref_is_where_dvc_keeps_it():
-    rev = "0123456789abcdef0123456789abcdef01234567"
-    assert experiment_ref(rev, "x") == "refs/exps/01/23456789abcdef0123456789abcdef01234567/x"
-
-
 # ---------------------------------------------------------------------------------------------
 # git / dvc helpers
 
@@ -228,32 +224,49 @@ def test_read_metrics_reports_the_numeric_metrics_changed_since_the_baseline(tmp
         read_metrics(tmp_path, "no-such-rev", since=base)
 
 
-def test_run_experiment_refuses_a_repo_without_commits_and_bad_names(tmp_path):
+def test_run_experiment_refuses_a_repo_without_commits(tmp_path):
     _git(tmp_path, "init", "-q")
     with pytest.raises(ExperimentError, match="no commit"):
         run_experiment(tmp_path, [], "fine")
-    with pytest.raises(ConfigError, match="experiment_name"):
-        run_experiment(tmp_path, [], "bad name")
-    with pytest.raises(ConfigError, match="baseline"):
-        run_experiment(tmp_path, [], "fine", baseline="tomorrow")
 
 
-def test_check_targets_reads_dvc_yaml_of_the_baseline(tmp_path):
-    _git(tmp_path, "init", "-q")
-    (tmp_path / "dvc.yaml").write_text(
-        "stages:\n  prepare: {cmd: x}\n  evaluate: {foreach: [sft], do: {cmd: y}}\n"
+def test_run_experiment_from_head_runs_in_a_private_clone_with_the_repos_cache(tmp_path):
+    """A head-baseline run: HEAD's params plus the overrides (not the uncommitted edit), the
+    experiment brought into the repo, the repo's DVC cache and local config used, the workspace and
+    the clone left as they were; a target that is not a stage fails with DVC's error naming it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    (repo / "s.py").write_text(
+        "import json, yaml\np = yaml.safe_load(open('params.yaml'))\n"
+        "json.dump({'n': p['n'], 'k': p['k']}, open('m.json', 'w'))\nopen('out.txt', 'w').write('x' * p['n'])\n"
     )
-    _git(tmp_path, "add", "-A")
-    _git(tmp_path, "commit", "-qm", "base")
-    rev = _git(tmp_path, "rev-parse", "HEAD")
-    (tmp_path / "dvc.yaml").write_text("stages:\n  prepare: {cmd: x}\n  fresh: {cmd: z}\n")  # uncommitted
-    assert check_targets(tmp_path, "head", rev, []) == []
-    assert check_targets(tmp_path, "head", rev, ["prepare", "evaluate@sft"]) == ["prepare", "evaluate@sft"]
-    with pytest.raises(ConfigError, match="'fresh' is not a stage of dvc.yaml; stages: evaluate, prepare"):
-        check_targets(tmp_path, "head", rev, ["fresh"])
-    assert check_targets(tmp_path, "workspace", rev, ["fresh"]) == ["fresh"]
-    with pytest.raises(ConfigError, match="'evaluate' is not"):
-        check_targets(tmp_path, "workspace", rev, ["evaluate"])
+    (repo / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: python s.py\n    deps: [s.py]\n    params: [n, k]\n"
+        "    outs: [out.txt]\n    metrics: [m.json: {cache: false}]\n"
+    )
+    (repo / "params.yaml").write_text("n: 1\nk: 2\n")
+    (repo / ".dvc" / "config.local").write_text(
+        f"[core]\n    remote = x\n['remote \"x\"']\n    url = {tmp_path / 'remote'}\n[cache]\n    dir = ../../cache\n"
+    )
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    (repo / "params.yaml").write_text("n: 1\nk: 9\n")  # uncommitted: a head run must not see it
+    seen = []
+    result = run_experiment(repo, ["n=5"], "e1", on_line=seen.append)
+    assert result.name == "e1" and result.baseline_rev == _git(repo, "rev-parse", "HEAD")
+    assert result.ref == f"refs/exps/{result.baseline_rev[:2]}/{result.baseline_rev[2:]}/e1"
+    assert _git(repo, "rev-parse", result.ref) == result.rev  # brought into the repo
+    assert json.loads(_git(repo, "show", f"{result.rev}:m.json")) == {"n": 5, "k": 2}
+    assert read_metrics(repo, result.rev, since=result.baseline_rev) == {"m.n": 5.0, "m.k": 2.0}
+    assert "Running stage 's'" in result.log and not [x for x in seen if "applied to your workspace" in x]
+    assert list((tmp_path / "cache").rglob("*"))  # out.txt went into the repo's cache (config.local)
+    assert (repo / "params.yaml").read_text() == "n: 1\nk: 9\n" and not (repo / "out.txt").exists()
+    assert not list((repo / ".dvc" / "tmp" / "steprl-runs").iterdir())  # the clone is gone
+    with pytest.raises(ExperimentError, match="'fresh' does not exist as an output or a stage name"):
+        run_experiment(repo, [], "e2", targets=["fresh"], on_line=seen.append)
+    assert not list((repo / ".dvc" / "tmp" / "steprl-runs").iterdir())
 
 
 def test_stream_keeps_progress_bar_last_state_and_kills_what_the_command_left_behind(tmp_path):
@@ -289,65 +302,80 @@ def _alive(pid: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# endpoints
+# endpoints, env, status
 
 
-def test_endpoint_defaults_bind_loopback_on_the_documented_ports():
-    ep = serve.resolve_endpoints(env={})
-    assert (ep.host, ep.prefect_port, ep.mlflow_port) == ("127.0.0.1", 4200, 5000)
-    assert ep.prefect_url == "http://127.0.0.1:4200" and ep.prefect_api == "http://127.0.0.1:4200/api"
-    assert ep.health == {
-        "prefect": "http://127.0.0.1:4200/api/health",
-        "mlflow": "http://127.0.0.1:5000/health",
-    }
-    assert ep.deployment_api() == "http://127.0.0.1:4200/api/deployments/name/pipeline/steprl"
-    assert serve.env_lines(ep) == [
+@pytest.fixture
+def no_start(tmp_path, monkeypatch):
+    """No `start` running (as far as these commands can tell): a state file nobody wrote."""
+    monkeypatch.setattr(serve, "STATE", tmp_path / "serve.json")
+    return tmp_path / "serve.json"
+
+
+def test_env_prints_the_default_loopback_endpoints_or_the_flags(no_start, capsys):
+    assert serve.main(["env"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
         "export PREFECT_API_URL=http://127.0.0.1:4200/api",
         "export MLFLOW_TRACKING_URI=http://127.0.0.1:5000",
     ]
+    assert serve.main(["env", "--mlflow-port", "5055"]) == 0
+    assert "MLFLOW_TRACKING_URI=http://127.0.0.1:5055" in capsys.readouterr().out
+    ep = Endpoints()
+    assert ep.urls == {
+        "prefect": "http://127.0.0.1:4200/api/health",
+        "mlflow": "http://127.0.0.1:5000/health",
+        "deployment": "http://127.0.0.1:4200/api/deployments/name/pipeline/steprl",
+    }
 
 
-def test_flags_beat_environment_beat_defaults():
-    env = {"STEPRL_PREFECT_PORT": "4300", "STEPRL_MLFLOW_PORT": "5300", "STEPRL_HOST": "127.0.0.2"}
-    assert serve.resolve_endpoints(env=env) == Endpoints("127.0.0.2", 4300, 5300)
-    assert serve.resolve_endpoints("127.0.0.1", 4400, None, env=env) == Endpoints("127.0.0.1", 4400, 5300)
+def test_env_and_status_follow_the_running_start_unless_ports_are_given(no_start, capsys):
+    no_start.write_text(json.dumps({"pid": os.getpid(), "prefect_port": 4300, "mlflow_port": 5300}))
+    assert serve.main(["env"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "export PREFECT_API_URL=http://127.0.0.1:4300/api",
+        "export MLFLOW_TRACKING_URI=http://127.0.0.1:5300",
+    ]
+    assert serve.main(["env", "--prefect-port", "4400"]) == 0
+    assert "PREFECT_API_URL=http://127.0.0.1:4400/api" in capsys.readouterr().out
+    no_start.write_text(json.dumps({"pid": _dead_pid(), "prefect_port": 4300, "mlflow_port": 5300}))
+    assert serve.main(["env"]) == 0  # a state file left by a start that died does not count
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("bad", ["http", "0", "70000", "-1", "4200.5"])
-def test_bad_port_is_named(bad):
-    with pytest.raises(ServeError, match="STEPRL_MLFLOW_PORT"):
-        serve.resolve_endpoints(env={"STEPRL_MLFLOW_PORT": bad})
+def test_bad_port_is_named(bad, capsys):
+    with pytest.raises(SystemExit) as err:
+        serve.main(["env", "--mlflow-port", bad])
+    assert (
+        err.value.code == 2
+        and f"argument --mlflow-port: invalid _port value: '{bad}'" in capsys.readouterr().err
+    )
 
 
-def test_free_port_and_port_free():
-    port = serve.free_port()
-    assert serve.port_free("127.0.0.1", port)
+def test_port_free():
+    port = free_port()
+    assert serve.port_free(port)
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
-        assert not serve.port_free("127.0.0.1", port)
+        assert not serve.port_free(port)
 
 
-# ---------------------------------------------------------------------------------------------
-# status
-
-
-def test_status_against_nothing_running(tmp_path, capsys):
-    ep = Endpoints("127.0.0.1", serve.free_port(), serve.free_port())
-    assert serve.status(ep, None) == 1
+def test_status_against_nothing_running(no_start, capsys):
+    ep = Endpoints(free_port(), free_port())
+    assert serve.status(ep) == 1
     out = capsys.readouterr().out
     assert "is not running" in out
     assert f"{ep.prefect_url}" in out and f"{ep.mlflow_url}" in out
     assert out.count("not answering") == 3 and "unknown (Prefect is not answering)" in out
     # a state file left by a start that died counts as not running
-    assert serve.status(ep, {"pid": _dead_pid(), "host": "127.0.0.1"}) == 1
+    no_start.write_text(json.dumps({"pid": _dead_pid(), "prefect_port": 1, "mlflow_port": 2}))
+    assert serve.status(ep) == 1
     assert "is not running" in capsys.readouterr().out
 
 
-def test_status_main_exit_code_with_explicit_ports(capsys):
-    code = serve.main(
-        ["status", "--prefect-port", str(serve.free_port()), "--mlflow-port", str(serve.free_port())]
-    )
+def test_status_main_exit_code_with_explicit_ports(no_start, capsys):
+    code = serve.main(["status", "--prefect-port", str(free_port()), "--mlflow-port", str(free_port())])
     assert code == 1
     assert "not answering" in capsys.readouterr().out
 
@@ -387,18 +415,20 @@ def fake_servers():
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
-    yield Endpoints("127.0.0.1", servers[0].server_address[1], servers[1].server_address[1])
+    yield Endpoints(servers[0].server_address[1], servers[1].server_address[1])
     for srv in servers:
         srv.shutdown()
         srv.server_close()
 
 
-def test_status_when_everything_answers(fake_servers, capsys):
-    assert serve.status(fake_servers, {"pid": os.getpid(), "started": "now"}) == 0
+def test_status_when_everything_answers(fake_servers, tmp_path, capsys):
+    state = tmp_path / "serve.json"
+    state.write_text(json.dumps({"pid": os.getpid(), "started": "now"}))
+    assert serve.status(fake_servers, state) == 0
     out = capsys.readouterr().out
-    assert f"pid {os.getpid()}" in out
+    assert f"pid {os.getpid()}, started now" in out
     assert out.count(" up ") == 2
-    assert "READY; schedule: cron '0 3 * * *', every 3600 s (inactive)" in out
+    assert "READY; schedules: cron 0 3 * * *, interval 3600.0 (inactive)" in out
     assert f"{fake_servers.prefect_url}/deployments/deployment/d-1" in out
 
 
@@ -432,7 +462,7 @@ FAKE_SERVER = textwrap.dedent("""
 SUPERVISOR = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from flows.serve import Endpoints, become_subreaper, start
+    from flows.serve import Endpoints, start
     tmp = Path(sys.argv[1]); ports = [int(p) for p in sys.argv[2:5]]; flags = sys.argv[5:]  # "deployment:stubborn"
     names = ["mlflow", "prefect", "deployment"]
     processes = {
@@ -441,8 +471,7 @@ SUPERVISOR = textwrap.dedent("""
         for name, port in zip(names, ports)
     }
     ready = {name: f"http://127.0.0.1:{port}/" for name, port in zip(names, ports)}
-    become_subreaper()
-    sys.exit(start(Endpoints("127.0.0.1", ports[1], ports[0]), processes=processes, ready=ready, repo=tmp,
+    sys.exit(start(Endpoints(ports[1], ports[0]), processes=processes, ready=ready, repo=tmp,
                    state_path=tmp / "serve.json", grace=3.0, timeout=60))
 """)
 
@@ -450,7 +479,7 @@ SUPERVISOR = textwrap.dedent("""
 def _start_supervisor(tmp_path, *flags):
     (tmp_path / "fake.py").write_text(FAKE_SERVER)
     (tmp_path / "sup.py").write_text(SUPERVISOR)
-    ports = [str(serve.free_port()) for _ in range(3)]
+    ports = [str(free_port()) for _ in range(3)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "sup.py"), str(tmp_path), *ports, *flags],
@@ -474,10 +503,7 @@ def _start_supervisor(tmp_path, *flags):
 def test_start_stops_every_process_on_sigterm(tmp_path, flags):
     proc, pids = _start_supervisor(tmp_path, *flags)
     state = json.loads((tmp_path / "serve.json").read_text())
-    assert state["pid"] == proc.pid and (state["prefect_port"], state["host"]) == (
-        state["prefect_port"],
-        "127.0.0.1",
-    )
+    assert state["pid"] == proc.pid and set(state) == {"pid", "prefect_port", "mlflow_port", "started"}
     assert all(_alive(p) for p in pids)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -513,24 +539,30 @@ def test_start_refuses_a_port_in_use_and_a_second_start(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         busy = s.getsockname()[1]
-        ep = Endpoints("127.0.0.1", busy, serve.free_port())
-        with pytest.raises(ServeError, match=f"Prefect port {busy} on 127.0.0.1 is in use.*--prefect-port"):
+        ep = Endpoints(busy, free_port())
+        with pytest.raises(ServeError, match=f"port {busy} on 127.0.0.1 is in use.*--prefect-port"):
             serve.start(ep, repo=tmp_path, state_path=tmp_path / "serve.json")
     (tmp_path / "serve.json").write_text(json.dumps({"pid": os.getpid()}))
     with pytest.raises(ServeError, match="already running"):
         serve.start(
-            Endpoints("127.0.0.1", serve.free_port(), serve.free_port()),
+            Endpoints(free_port(), free_port()),
             repo=tmp_path,
             state_path=tmp_path / "serve.json",
         )
 
 
+def _procfile() -> dict[str, str]:
+    from honcho.environ import parse_procfile
+
+    return dict(parse_procfile((REPO / "Procfile").read_text()).processes)
+
+
 def test_procfile_runs_the_three_services_on_the_tools_own_settings():
-    procfile = serve.procfile()
+    procfile = _procfile()
     assert list(procfile) == ["prefect", "mlflow", "deployment"]
     assert "prefect server start" in procfile["prefect"] and "mlflow/server.sh" in procfile["mlflow"]
     assert "flows.pipeline serve" in procfile["deployment"]
-    env = serve.service_env(Endpoints("127.0.0.1", 4311, 5055), cron="0 3 * * *", overrides=["seed=1"])
+    env = serve.service_env(Endpoints(4311, 5055), cron="0 3 * * *", overrides=["seed=1"])
     assert (env["PREFECT_SERVER_API_HOST"], env["PREFECT_SERVER_API_PORT"]) == ("127.0.0.1", "4311")
     assert env["PREFECT_UI_API_URL"] == env["PREFECT_API_URL"] == "http://127.0.0.1:4311/api"
     assert (env["STEPRL_MLFLOW_PORT"], env["MLFLOW_TRACKING_URI"]) == ("5055", "http://127.0.0.1:5055")
@@ -540,11 +572,12 @@ def test_procfile_runs_the_three_services_on_the_tools_own_settings():
 PREFECT_ONLY = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from flows.serve import Endpoints, become_subreaper, procfile, start
+    from honcho.environ import parse_procfile
+    from flows.serve import REPO, Endpoints, start
     tmp, port = Path(sys.argv[1]), int(sys.argv[2])
-    ep = Endpoints("127.0.0.1", port, port + 1)
-    become_subreaper()
-    sys.exit(start(ep, processes={"prefect": procfile()["prefect"]}, ready={"prefect": ep.health["prefect"]},
+    ep = Endpoints(port, port + 1)
+    prefect = parse_procfile((REPO / "Procfile").read_text()).processes["prefect"]
+    sys.exit(start(ep, processes={"prefect": prefect}, ready={"prefect": ep.urls["prefect"]},
                    repo=tmp, state_path=tmp / "serve.json", grace=10.0, timeout=180))
 """)
 
@@ -553,9 +586,9 @@ def test_prefect_ui_calls_its_own_api_on_a_non_default_port(tmp_path):
     """`make serve PREFECT_PORT=...`: the UI's settings (what the page's JavaScript reads) point to
     the port it is served on, not to Prefect's default 4200."""
     (tmp_path / "sup.py").write_text(PREFECT_ONLY)
-    port = serve.free_port()
-    while not serve.port_free("127.0.0.1", port + 1):
-        port = serve.free_port()
+    port = free_port()
+    while not serve.port_free(port + 1):
+        port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PYTHONPATH"] = str(REPO)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
@@ -581,48 +614,37 @@ def test_prefect_ui_calls_its_own_api_on_a_non_default_port(tmp_path):
         out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, out
     assert not [p for p in tree if _alive(p.pid)]
-    assert serve.port_free("127.0.0.1", port)
+    assert serve.port_free(port)
 
 
 @pytest.mark.parametrize(
-    ("cron", "interval", "needle"),
+    ("schedule", "needle"),
     [
-        ("0 3 * * *", 5.0, "not both"),
-        (None, 0.0, "positive"),
-        (None, -3.0, "positive"),
-        ("every night", None, "not a valid cron"),
-        ("61 * * * *", None, "not a valid cron"),
+        (["--cron", "0 3 * * *", "--interval", "5"], "argument --interval: not allowed with argument --cron"),
+        (["--interval", "0"], "argument --interval: invalid _interval value: '0'"),
+        (["--interval", "-3"], "argument --interval: invalid _interval value: '-3'"),
+        (["--cron", "every night"], "argument --cron: invalid _cron value: 'every night'"),
+        (["--cron", "61 * * * *"], "argument --cron: invalid _cron value: '61 * * * *'"),
     ],
 )
-def test_bad_schedules_fail_before_anything_starts(cron, interval, needle):
-    with pytest.raises(ServeError, match=needle):
-        serve.check_schedule(cron, interval)
-    args = ["start", "--prefect-port", "1", "--mlflow-port", "2"]
-    args += (["--cron", cron] if cron else []) + (
-        ["--interval", str(interval)] if interval is not None else []
-    )
-    assert serve.main(args) == 2  # ports 1 and 2 are never bound: the schedule is checked first
+def test_bad_schedules_fail_before_anything_starts(schedule, needle, capsys):
+    with pytest.raises(SystemExit) as err:  # Prefect's own schedule checks, at argument parsing
+        serve.main(["start", "--prefect-port", "1", "--mlflow-port", "2", *schedule])
+    assert err.value.code == 2 and needle in capsys.readouterr().err
 
 
-def test_good_schedules_pass():
-    serve.check_schedule("0 3 * * *", None)
-    serve.check_schedule(None, 3600.0)
-    serve.check_schedule(None, None)
-
-
-def test_clone_shares_the_repo_cache_and_keeps_its_local_config(tmp_path, monkeypatch):
-    import flows._experiments as experiments
-
-    monkeypatch.setattr(experiments, "_cache_dir", lambda repo: "/abs/cache")
-    repo, clone, bare = tmp_path / "repo", tmp_path / "clone", tmp_path / "bare"
-    for d in (repo, clone, bare):
-        (d / ".dvc").mkdir(parents=True)
-    (repo / ".dvc" / "config.local").write_text(
-        "[cache]\n    type = symlink\n    dir = ../elsewhere\n[core]\n    remote = x\n"
-    )
-    experiments._share_cache(repo, clone)
-    text = (clone / ".dvc" / "config.local").read_text()
-    assert text.count("[cache]") == 1 and "dir = /abs/cache" in text and "elsewhere" not in text
-    assert "type = symlink" in text and "remote = x" in text
-    experiments._share_cache(tmp_path / "no-local-config", bare)
-    assert (bare / ".dvc" / "config.local").read_text().split() == ["[cache]", "dir", "=", "/abs/cache"]
+def test_good_schedules_reach_the_deployment(monkeypatch):
+    started = []
+    monkeypatch.setattr(serve, "start", lambda ep, **kw: started.append((ep, kw)) or 0)
+    assert serve.main(["start", "--cron", "0 3 * * *"]) == 0
+    assert serve.main(["start", "--interval", "3600", "--prefect-port", "4300", "-S", "seed=3"]) == 0
+    assert serve.main(["start"]) == 0
+    assert [(ep, kw["cron"], kw["interval"], kw["overrides"]) for ep, kw in started] == [
+        (Endpoints(4200, 5000), "0 3 * * *", None, []),
+        (Endpoints(4300, 5000), None, 3600.0, ["seed=3"]),
+        (Endpoints(4200, 5000), None, None, []),
+    ]
+    env = serve.service_env(Endpoints(), interval=3600.0)
+    assert (env["STEPRL_SCHEDULE_CRON"], env["STEPRL_SCHEDULE_INTERVAL"]) == ("", "3600")
+    assert serve.main(["start", "-S", "sft.nope=3"]) == 2  # a bad default override: before anything starts
+    assert len(started) == 3

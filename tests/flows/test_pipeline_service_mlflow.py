@@ -18,7 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows.serve import answers, free_port
+from components.train.distributed import free_port
+from flows.serve import get_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,7 +73,7 @@ def server(tmp_path_factory):
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    while not answers(f"{url}/health"):
+    while get_json(f"{url}/health")[0] != 200:
         assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
         assert time.monotonic() - t0 < 180, "MLflow server did not answer within 180 s"
         time.sleep(0.5)
