@@ -36,6 +36,7 @@ from components.agent.loop import Episode, episode_metrics
 from components.config import CompareParams, Params
 from components.envs import get_task
 from components.io import write_json, write_parquet, write_text
+from components.marker import MARKER_FILE as MARKER
 from components.model.tiny import is_complete_checkpoint, save_hf
 from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
@@ -49,7 +50,6 @@ from flows.evaluate import evaluate
 from flows.train_metrics import iteration_metrics
 
 SFT = REPO / "models" / "sft"
-MARKER = "steprl_complete.json"
 KEEP_CHECKPOINTS = 2
 _SESSION: dict[str, RLSession] = {}  # by run name; engines live in the flow process, never as task inputs
 
