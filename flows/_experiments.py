@@ -246,7 +246,18 @@ def _head_clone(repo: Path, rev: str) -> Iterator[Path]:
             conf.setdefault("cache", {})["dir"] = ours.cache.local_cache_dir
         yield run_dir
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        _remove_tree(run_dir)
+
+
+def _remove_tree(path: Path, attempts: int = 10) -> None:
+    """Remove ``path``, retrying while a straggler (a detached git or dvc helper whose cwd is the
+    clone) still writes into it; warn with the path if it outlives the retries."""
+    for _ in range(attempts):
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return
+        time.sleep(0.5)
+    print(f"steprl: could not remove the run's clone {path}; delete it by hand", file=sys.stderr)
 
 
 def run_experiment(

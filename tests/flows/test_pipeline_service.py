@@ -25,6 +25,7 @@ from flows import serve
 from flows._experiments import (
     PARAM_KEYS,
     ExperimentError,
+    _remove_tree,
     _stream,
     build_overrides,
     check_experiment_name,
@@ -263,10 +264,29 @@ def test_run_experiment_from_head_runs_in_a_private_clone_with_the_repos_cache(t
     assert "Running stage 's'" in result.log and not [x for x in seen if "applied to your workspace" in x]
     assert list((tmp_path / "cache").rglob("*"))  # out.txt went into the repo's cache (config.local)
     assert (repo / "params.yaml").read_text() == "n: 1\nk: 9\n" and not (repo / "out.txt").exists()
-    assert not list((repo / ".dvc" / "tmp" / "steprl-runs").iterdir())  # the clone is gone
+    assert not list((repo / ".dvc" / "tmp" / "steprl-runs").rglob("*"))  # the clone is gone
     with pytest.raises(ExperimentError, match="'fresh' does not exist as an output or a stage name"):
         run_experiment(repo, [], "e2", targets=["fresh"], on_line=seen.append)
-    assert not list((repo / ".dvc" / "tmp" / "steprl-runs").iterdir())
+    assert not list((repo / ".dvc" / "tmp" / "steprl-runs").rglob("*"))
+
+
+def test_remove_tree_outlasts_a_straggler_still_writing_into_the_clone(tmp_path):
+    """A helper left by the run (cwd in the clone) may still write files while the clone is removed."""
+    clone, stop = tmp_path / "clone", time.monotonic() + 1.5
+
+    def straggler() -> None:
+        i = 0
+        while time.monotonic() < stop:
+            (clone / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
+            (clone / ".dvc" / "tmp" / f"f{i}").write_text("x")
+            i += 1
+
+    writer = threading.Thread(target=straggler)
+    writer.start()
+    time.sleep(0.1)
+    _remove_tree(clone)
+    writer.join()
+    assert not clone.exists()
 
 
 def test_stream_keeps_progress_bar_last_state_and_kills_what_the_command_left_behind(tmp_path):
