@@ -8,6 +8,7 @@ metrics/sft.json and plots/sft_loss.csv for DVC.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 
 import polars as pl
@@ -28,6 +29,7 @@ from flows import REPO
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 
 BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
+LOG_BATCH = 500  # metrics per MLflow write (its batch limit is 1,000)
 
 
 def encode_examples(params: Params, tokenizer) -> tuple[list, int]:
@@ -91,12 +93,27 @@ def train(params: Params) -> list[dict]:
         total_steps=s.steps,
     )
 
-    def on_step(step: int, metrics: dict) -> None:
-        mlflow.log_metrics({f"sft/{k}": float(v) for k, v in metrics.items()}, step=step)
+    # Every step's metrics, written in batches: one sqlite transaction per step cost ~13 ms
+    # (~20 s of 1,600 steps); one per LOG_BATCH metrics costs ~2 ms a step.
+    run_id, pending = mlflow.active_run().info.run_id, []
 
-    history = run_sft(
-        engine, batches(examples, params, tokenizer.pad_token_id), steps=s.steps, on_step=on_step
-    )
+    def flush() -> None:
+        if pending:
+            mlflow.MlflowClient().log_batch(run_id, metrics=pending)
+            pending.clear()
+
+    def on_step(step: int, metrics: dict) -> None:
+        now = int(time.time() * 1000)
+        pending.extend(mlflow.entities.Metric(f"sft/{k}", float(v), now, step) for k, v in metrics.items())
+        if len(pending) >= LOG_BATCH:
+            flush()
+
+    try:
+        history = run_sft(
+            engine, batches(examples, params, tokenizer.pad_token_id), steps=s.steps, on_step=on_step
+        )
+    finally:  # also what a failed run had logged
+        flush()
     save_checkpoint(engine, OUT, tokenizer=tokenizer, metadata={"stage": "sft", "steps": s.steps})
     return history
 
