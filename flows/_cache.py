@@ -27,19 +27,31 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def source_digest(*dirs: str | Path) -> str:
+    """SHA-256 of the ``*.py`` files under ``dirs`` (paths and bytes): the code a result depends on."""
+    h = hashlib.sha256()
+    for d in map(Path, dirs):
+        for f in sorted(d.rglob("*.py")):
+            h.update(str(f.relative_to(d.parent)).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump()
     return value
 
 
-def content_key(*file_params: str) -> Callable[[Any, dict[str, Any]], str]:
+def content_key(*file_params: str, ignore: tuple[str, ...] = ()) -> Callable[[Any, dict[str, Any]], str]:
+    """The key of a task: its source, the bytes at its ``file_params``, its other parameters but
+    ``ignore`` (those that do not change its result, e.g. the run it is called from)."""
+
     def key(context: Any, parameters: dict[str, Any]) -> str:
         h = hashlib.sha256()
         h.update(inspect.getsource(context.task.fn).encode())
         for name in file_params:
             h.update(name.encode() + file_digest(parameters[name]).encode())
-        rest = {k: _plain(v) for k, v in parameters.items() if k not in file_params}
+        rest = {k: _plain(v) for k, v in parameters.items() if k not in file_params + ignore}
         h.update(json.dumps(rest, sort_keys=True, default=str).encode())
         return f"{context.task.name}-{h.hexdigest()[:32]}"
 

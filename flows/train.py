@@ -43,7 +43,7 @@ from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
 from components.train.rl_session import RLSession, SessionConfig, prune
 from flows import REPO
-from flows._cache import content_key, file_digest
+from flows._cache import content_key, file_digest, source_digest
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
@@ -232,6 +232,26 @@ def validate(name: str, k: int, params: Params) -> dict:
     return {f"val/{key}": v for key, v in metrics.items() if key != "n_episodes"}
 
 
+@task(cache_key_fn=content_key("sft", "val_split", ignore=("name", "params")), persist_result=True)
+def validate_sft(name: str, params: Params, sft: str, val_split: str, depends_on: dict) -> dict:
+    """:func:`validate` of the SFT policy (iteration -1, greedy): the same for every run from one SFT
+    checkpoint, so the first run of a pipeline plays it and the others read it from the Prefect
+    cache, keyed on the checkpoint's and the val split's bytes and ``depends_on`` (the settings and
+    the code it depends on; not the RL seed: greedy decoding draws nothing)."""
+    return validate.fn(name, -1, params)
+
+
+def _sft_val_depends_on(params: Params) -> dict:
+    return {
+        "code": source_digest(REPO / "components", REPO / "flows"),
+        "task": params.task,
+        "plugins": params.plugins,
+        "tasks": params.tasks,
+        "rollout": params.rollout.model_dump(),
+        "val_samples": params.train.val_samples,
+    }
+
+
 # --- the flow ------------------------------------------------------------------------------------
 def _open_session(params: Params, algo: str) -> RLSession:
     parts, t, r, ds = resolved(params, algo), params.train, params.rollout, params.deepspeed
@@ -352,7 +372,9 @@ def _initial_validation(params: Params, name: str, resumed: bool) -> float | Non
     if not path.is_file():
         if resumed:
             return None
-        write_json(validate(name, -1, params), path)
+        val_split = REPO / "data" / "processed" / params.task / "val.parquet"
+        depends_on = _sft_val_depends_on(params)
+        write_json(validate_sft(name, params, str(SFT), str(val_split), depends_on), path)
     return json.loads(path.read_text())["val/accuracy"]
 
 

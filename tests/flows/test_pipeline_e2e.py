@@ -34,6 +34,9 @@ def test_every_stage_produces_its_outputs(repro):
     test_ids = (
         pl.read_parquet(ws / "data/processed/calc/test.parquet")["id"].head(8).cast(pl.String).to_list()
     )
+    # the SFT policy's val metrics: played by the first run, read from the Prefect cache by the others
+    initial_metrics = [json.loads((ws / "runs" / name / "val_initial.json").read_text()) for name in RUNS]
+    assert all(m == initial_metrics[0] for m in initial_metrics), initial_metrics
     for name in RUNS:
         algo, seed = name.rsplit("-s", 1)
         tr = json.loads((ws / f"metrics/train_{name}.json").read_text())
