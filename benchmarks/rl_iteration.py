@@ -5,8 +5,10 @@
 
 The workload is a params override of the real pipeline, not a separate code path: a 25M-parameter
 Qwen3 built by ``base_model`` (hidden 512, 8 layers, 8 heads, 4 KV heads, head_dim 64, MLP 1536), the
-calc prompts (~100 tokens), 16 prompts x 8 samples = 128 GRPO trajectories of one turn of at most 64
-tokens, fp32. The code under test is copied to ``<workdir>/new`` (this checkout's working tree) and,
+calc prompts (~100 tokens), 16 prompts x 8 samples = 128 GRPO trajectories of at most two turns
+(the calculator call, then the answer) of at most 64 tokens each, fp32. (Issue 12 measured one turn;
+the params check now refuses rollout.max_steps below a problem's calls + 1.) The code under test is
+copied to ``<workdir>/new`` (this checkout's working tree) and,
 with ``--baseline``, ``git archive <commit>`` to ``<workdir>/base``; each copy runs
 ``python -m flows.prepare``, ``flows.base_model``, ``flows.sft`` (2 steps: only a valid checkpoint
 is needed) and ``flows.train --algo grpo --rl-seed 0`` with the override written into its own
@@ -52,7 +54,9 @@ COPIED = ("components", "flows", "params.yaml", "pyproject.toml")
 
 # The workload of issue 12 as a params override (keys absent from a copy's params.yaml are skipped).
 OVERRIDE = {
-    "prepare": {"n_train": 400, "n_val": 16, "n_test": 16},
+    # one calculator call per problem (the key moved from prepare to tasks.calc; one of the two is skipped)
+    "prepare": {"n_train": 400, "n_val": 16, "n_test": 16, "min_calls": 1, "max_calls": 1},
+    "tasks": {"calc": {"min_calls": 1, "max_calls": 1}},
     "model": {
         "hidden_size": 512,
         "intermediate_size": 1536,
@@ -63,7 +67,7 @@ OVERRIDE = {
     },
     "deepspeed": {"dtype": "fp32"},
     "sft": {"steps": 2, "batch_size": 16, "micro_batch_size": 16, "rows": 100, "warmup_steps": 1},
-    "rollout": {"dtype": "float32", "max_steps": 1, "max_response_len": 64},
+    "rollout": {"dtype": "float32", "max_steps": 2, "max_response_len": 64},
     "train": {"trajectories_per_iteration": 128, "val_every": 1000, "val_samples": 8, "kl_coef": 0.0},
     "algorithms": {"grpo": {"samples_per_prompt": 8}},
     "compare": {"algorithms": ["grpo"], "seeds": [0]},
