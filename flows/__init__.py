@@ -16,6 +16,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+def processed(task: str) -> Path:
+    """data/processed/<task>: the prepare stage's output (the split tables and the task's files)."""
+    return REPO / "data" / "processed" / task
+
+
 os.environ.setdefault("PREFECT_HOME", str(REPO / ".prefect"))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")

@@ -13,7 +13,7 @@ from components.config import ModelParams, Params
 from components.envs import get_task
 from components.model.tiny import build_tiny_model, load_hf, save_hf
 from components.model.tokenizer import build_tokenizer
-from flows import REPO
+from flows import REPO, processed
 from flows._stage import StageError, read_params, repo_path, stage_main
 
 OUT = REPO / "models" / "base"
@@ -22,7 +22,7 @@ OUT = REPO / "models" / "base"
 def conversation_corpus(params: Params) -> list[str]:
     """Training conversations (prompt + each demonstration of a row) rendered with the embedded chat template."""
     spec = get_task(params.task)
-    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "train.parquet").to_dicts()
+    rows = pl.read_parquet(processed(params.task) / "train.parquet").to_dicts()
     bootstrap = build_tokenizer([], vocab_size=300)  # bytes only: used just to render the template
     return [
         bootstrap.apply_chat_template(spec.initial_messages(row) + demo, tools=spec.tools(), tokenize=False)

@@ -30,7 +30,7 @@ from components.model.tiny import is_complete_checkpoint
 from components.rollout import RolloutEngine, make_engine
 from components.schemas import ProblemSchema, validate_table
 from components.stats import problem_results
-from flows import REPO
+from flows import REPO, processed
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 
@@ -54,7 +54,7 @@ def play(
     them, on a rollout engine built from the model's checkpoint."""
     spec = get_task(params.task)
     r, ev = params.rollout, params.evaluate
-    data_dir = REPO / "data" / "processed" / params.task  # the prepare output (tables and task files)
+    data_dir = processed(params.task)  # the prepare output (tables and task files)
     own = engine is None
     if own:
         path = model_dir(model)
@@ -104,7 +104,7 @@ def evaluate(
     import mlflow
 
     split = params.evaluate.split
-    df = pl.read_parquet(REPO / "data" / "processed" / params.task / f"{split}.parquet")
+    df = pl.read_parquet(processed(params.task) / f"{split}.parquet")
     if params.evaluate.max_samples:
         df = df.head(params.evaluate.max_samples)
     start = time.perf_counter()

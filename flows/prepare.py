@@ -14,7 +14,7 @@ from components.config import Params
 from components.envs import get_task
 from components.io import write_parquet
 from components.schemas import TaskSchema, validate_table
-from flows import REPO
+from flows import REPO, processed
 from flows._stage import StageError, read_params, stage_main
 
 
@@ -28,7 +28,7 @@ def make_splits(params: Params) -> dict:
             n_val=p.n_val,
             n_test=p.n_test,
             root=REPO,
-            data_dir=REPO / "data" / "processed" / params.task,
+            data_dir=processed(params.task),
         )
         return {
             name: validate_table(df, TaskSchema, f"{params.task} {name} split") for name, df in splits.items()
@@ -39,7 +39,7 @@ def make_splits(params: Params) -> dict:
 
 @task
 def write_splits(params: Params, splits: dict) -> list[str]:
-    out = REPO / "data" / "processed" / params.task
+    out = processed(params.task)
     paths = [str(write_parquet(df, out / f"{name}.parquet")) for name, df in splits.items()]
     for name, df in splits.items():
         print(f"{name}: {df.height} rows -> {out / (name + '.parquet')}")

@@ -25,7 +25,7 @@ from components.plots import line_chart
 from components.train.checkpoint import save_checkpoint
 from components.train.engine import build_engine
 from components.train.sft import run_sft
-from flows import REPO
+from flows import REPO, processed
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 
 BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
@@ -34,9 +34,7 @@ LOG_BATCH = 500  # metrics per MLflow write (its batch limit is 1,000)
 
 def encode_examples(params: Params, tokenizer) -> tuple[list, int]:
     spec = get_task(params.task)
-    rows = pl.read_parquet(REPO / "data" / "processed" / params.task / "train.parquet").to_dicts()[
-        : params.sft.rows
-    ]
+    rows = pl.read_parquet(processed(params.task) / "train.parquet").to_dicts()[: params.sft.rows]
     examples, dropped = [], 0
     for row in rows:
         if not row["expert"]:

@@ -42,7 +42,7 @@ from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
 from components.train.rl_session import RLSession, SessionConfig, prune
-from flows import REPO
+from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
@@ -85,7 +85,7 @@ def fingerprint(params: Params, algo: str, sft: Path = SFT, train_split: Path | 
     ``params.seed`` is the run's RL seed here. The SFT checkpoint and the train split enter by the
     hash of their bytes: a new SFT model or new data (e.g. ``dvc exp run -S seed=1`` in a workspace
     that ran seed 0) must never resume the old run's iterations."""
-    split = train_split or REPO / "data" / "processed" / params.task / "train.parquet"
+    split = train_split or processed(params.task) / "train.parquet"
     return {
         "algo": params.algorithms[algo].model_dump(),
         "train": params.train.model_dump(exclude={"iterations", "val_every", "val_samples"}),
@@ -113,9 +113,7 @@ def rollout(algo: str, name: str, k: int, policy: str, train_split: str, params:
         Episode(
             f"{k}-{row['id']}-{j}",
             f"{k}-{row['id']}",
-            spec.make_env(
-                row, malformed_penalty=t.malformed_penalty, data_dir=REPO / "data" / "processed" / params.task
-            ),
+            spec.make_env(row, malformed_penalty=t.malformed_penalty, data_dir=processed(params.task)),
             row,
         )
         for row in picked
@@ -209,12 +207,8 @@ def sync(name: str) -> None:
 def validate(name: str, k: int, params: Params) -> dict:
     spec = get_task(params.task)
     r = params.rollout
-    rows = (
-        pl.read_parquet(REPO / "data" / "processed" / params.task / "val.parquet")
-        .head(params.train.val_samples)
-        .to_dicts()
-    )
-    data_dir = REPO / "data" / "processed" / params.task
+    rows = pl.read_parquet(processed(params.task) / "val.parquet").head(params.train.val_samples).to_dicts()
+    data_dir = processed(params.task)
     episodes = [
         Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row, data_dir=data_dir), row)
         for row in rows
@@ -372,7 +366,7 @@ def _initial_validation(params: Params, name: str, resumed: bool) -> float | Non
     if not path.is_file():
         if resumed:
             return None
-        val_split = REPO / "data" / "processed" / params.task / "val.parquet"
+        val_split = processed(params.task) / "val.parquet"
         depends_on = _sft_val_depends_on(params)
         write_json(validate_sft(name, params, str(SFT), str(val_split), depends_on), path)
     return json.loads(path.read_text())["val/accuracy"]
@@ -384,7 +378,7 @@ def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
     policy_marker = str(policy / MARKER) if (policy / MARKER).is_file() else str(policy / "actor" / MARKER)
     timing = {}
     t0 = time.perf_counter()
-    train_split = str(REPO / "data" / "processed" / params.task / "train.parquet")
+    train_split = str(processed(params.task) / "train.parquet")
     rollouts = rollout(algo, name, k, policy_marker, train_split, params, run)
     timing["rollout"] = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -477,12 +471,7 @@ def main(params: str, algo: str, rl_seed: int) -> None:
         raise StageError(f"--rl-seed {rl_seed}: an RL seed must be >= 0 (compare.seeds: {p.compare.seeds})")
     if not is_complete_checkpoint(SFT):
         raise StageError(f"train: {SFT} is not a complete checkpoint (run the sft stage first)")
-    train_rows = (
-        pl.scan_parquet(REPO / "data" / "processed" / p.task / "train.parquet")
-        .select(pl.len())
-        .collect()
-        .item()
-    )
+    train_rows = pl.scan_parquet(processed(p.task) / "train.parquet").select(pl.len()).collect().item()
     if p.sft.rows is not None and p.sft.rows >= train_rows:
         raise StageError(
             f"sft.rows={p.sft.rows} leaves no RL prompts: the train split has {train_rows} rows "

@@ -34,7 +34,7 @@ def test_every_stage_produces_its_outputs(repro):
     test_ids = (
         pl.read_parquet(ws / "data/processed/calc/test.parquet")["id"].head(8).cast(pl.String).to_list()
     )
-    # the SFT policy's val metrics: played by the first run, read from the Prefect cache by the others
+    # the SFT policy's val metrics are the same in every run (one SFT checkpoint, greedy; cached)
     initial_metrics = [json.loads((ws / "runs" / name / "val_initial.json").read_text()) for name in RUNS]
     assert all(m == initial_metrics[0] for m in initial_metrics), initial_metrics
     for name in RUNS:
