@@ -115,8 +115,9 @@ class ModelParams(Section):
 class DeepSpeedParams(Section):
     # ZeRO stage of the DeepSpeed engine (0-3).
     zero_stage: int = Field(0, ge=0, le=3)
-    # Training precision: fp32 or bf16.
-    dtype: Literal["fp32", "bf16"] = "fp32"
+    # Training precision (components.precision): fp32, amp_bf16 (fp32 weights, bf16 autocast), bf16
+    # (DeepSpeed's bf16 mode), or auto (amp_bf16 where the hardware has bf16 matmuls, else fp32).
+    dtype: Literal["fp32", "amp_bf16", "bf16", "auto"] = "auto"
 
 
 class SFTParams(Section):
@@ -148,8 +149,8 @@ class SFTParams(Section):
 class RolloutParams(Section):
     # Generation engine: vllm (default) or hf (transformers generate, fallback).
     engine: Literal["vllm", "hf"] = "vllm"
-    # Engine precision for generation.
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Engine precision for generation: float32, bfloat16, or auto (bfloat16 where the hardware has it).
+    dtype: Literal["float32", "bfloat16", "auto"] = "auto"
     # Most agent turns (steps) per episode.
     max_steps: int = Field(4, ge=1, le=64)
     # Most tokens the model may see at one step; longer contexts end the episode as truncated.
@@ -254,9 +255,10 @@ class TrainParams(Section):
     adam_eps: float = Field(1e-8, gt=0, le=1)
     # Reward added to a step whose tool call or answer is malformed (0 = none; e.g. -0.1).
     malformed_penalty: float = Field(0.0, le=0)
-    # Old log-probs of the policy ratio: "rollout" (the sampler's own: no actor forward; the sampler's
-    # log-probs are of softmax(logits), so this needs temperature 1) or "recompute" (one forward).
-    old_logprobs: Literal["rollout", "recompute"] = "rollout"
+    # Old log-probs of the policy ratio: "detached" (the update's own forward, detached: exact and free,
+    # on-policy only), "rollout" (the sampler's own: no actor forward; exact only where the sampler and
+    # the trainer agree numerically; needs temperature 1) or "recompute" (one actor forward).
+    old_logprobs: Literal["detached", "rollout", "recompute"] = "rollout"
     # Greedy validation on this many val rows every `val_every` iterations (and after the last).
     val_every: int = Field(5, ge=1)
     val_samples: int = Field(64, ge=1)
@@ -427,6 +429,19 @@ class Params(Section):
             raise ValueError(
                 f"train.critic_warmup={t.critic_warmup} >= train.iterations={t.iterations}: the actor would "
                 "never be updated (it is frozen for the first critic_warmup iterations)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _detached_is_on_policy(self) -> Params:
+        t = self.train
+        rows = t.trajectories_per_iteration * self.rollout.max_steps  # step rows of an iteration, at most
+        if t.old_logprobs == "detached" and (t.ppo_epochs != 1 or t.mini_batch_size < rows):
+            raise ValueError(
+                f"train.old_logprobs='detached' needs an on-policy update (one optimizer step per "
+                f"iteration): train.ppo_epochs={t.ppo_epochs} (need 1) and train.mini_batch_size="
+                f"{t.mini_batch_size} (need >= trajectories_per_iteration x rollout.max_steps = {rows}); "
+                "use old_logprobs='rollout' or 'recompute'"
             )
         return self
 

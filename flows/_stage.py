@@ -12,6 +12,7 @@ from typing import Any
 
 from components.config import ConfigError, Params, load_params
 from components.determinism import DeterminismSettings, make_deterministic
+from components.precision import resolve_rollout_dtype, resolve_train_dtype
 from flows import REPO
 
 
@@ -135,6 +136,9 @@ def mlflow_run(
         for part in s.split("."):
             node = node[part]
         flat.update(flatten(node, f"{s}."))
+    # the precision this machine runs (params may say auto), under keys every run has
+    flat["precision.train"] = resolve_train_dtype(params.deepspeed.dtype)
+    flat["precision.rollout"] = resolve_rollout_dtype(params.rollout.dtype)
     flat.update(extra_params or {})
     if run_id is not None:
         try:

@@ -207,6 +207,15 @@ def test_every_bad_key_is_reported_at_once():
             {"train.temperature": 0.7, "train.old_logprobs": "rollout"},
             ["train", "old_logprobs='rollout'", "temperature=0.7"],
         ),
+        # detached old log-probs are exact only for one optimizer step over the whole iteration
+        (
+            {"train.old_logprobs": "detached", "train.ppo_epochs": 2},
+            ["train.old_logprobs='detached'", "train.ppo_epochs=2", "'rollout' or 'recompute'"],
+        ),
+        (
+            {"train.old_logprobs": "detached", "train.mini_batch_size": 64},
+            ["train.old_logprobs='detached'", "train.mini_batch_size=64", "= 512"],
+        ),
         # an episode needs one turn per tool call and one for the answer
         ({"tasks.calc.max_calls": 4, "rollout.max_steps": 4}, ["rollout.max_steps=4 < 5", "tasks.calc"]),
         (

@@ -13,6 +13,8 @@ from typing import Protocol
 
 import torch
 
+from components.precision import resolve_rollout_dtype
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -55,7 +57,9 @@ def make_engine(
     kv_cache_gib: float = 1.0,
     seed: int = 0,
 ) -> RolloutEngine:
-    """Build the engine called ``name`` ("vllm" or "hf") on the HF checkpoint in ``model_dir``."""
+    """Build the engine called ``name`` ("vllm" or "hf") on the HF checkpoint in ``model_dir``;
+    ``dtype`` float32, bfloat16 or auto (:func:`components.precision.resolve_rollout_dtype`)."""
+    dtype = resolve_rollout_dtype(dtype)
     if name == "vllm":
         from components.rollout.vllm_engine import VLLMEngine
 

@@ -29,7 +29,10 @@ Departures from DeepSpeed defaults:
    warmup of W updates (no update at lr 0), then lr * (T - k) / (T - W) (``linear_decay``, T =
    ``total_steps``) or lr (``constant``). DeepSpeed still steps it after each applied update and
    saves it in engine checkpoints.
-4. bf16 with ZeRO >= 1 accumulates gradients in fp32 (``data_types.grad_accum_dtype``); DeepSpeed cannot
+4. ``amp_bf16`` is not a DeepSpeed mode: the engine is fp32 (weights, gradients, optimizer) and
+   ``train_step`` runs each ``loss_fn`` under bf16 autocast (``components.precision``); the backward
+   pass runs outside the autocast region, as torch recommends. ``engine.steprl_dtype`` records it.
+5. bf16 with ZeRO >= 1 accumulates gradients in fp32 (``data_types.grad_accum_dtype``); DeepSpeed cannot
    do that with ZeRO-0, where bf16 gradients accumulate in bf16: prefer ZeRO >= 1 for bf16.
 """
 
@@ -43,14 +46,15 @@ from typing import Any, Literal
 
 import torch
 
+from components.precision import autocast, resolve_train_dtype
 from components.train.distributed import init_distributed
 
-__all__ = ["LossFn", "build_engine", "lr_factor", "make_ds_config", "train_step"]
+__all__ = ["LossFn", "autocast_for", "build_engine", "lr_factor", "make_ds_config", "train_step"]
 
 # loss_fn(engine, micro_batch) -> (scalar loss already divided by the global normaliser, metrics)
 LossFn = Callable[[Any, Any], "tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]"]
 
-_DTYPES = ("fp32", "bf16")
+_DTYPES = ("fp32", "bf16", "amp_bf16")
 _SCHEDULES = ("linear_decay", "constant")
 
 
@@ -68,7 +72,7 @@ def make_ds_config(
     lr: float,
     weight_decay: float,
     zero_stage: int,
-    dtype: Literal["fp32", "bf16"],
+    dtype: Literal["fp32", "bf16", "amp_bf16"],
     grad_clip: float,
     micro_batch_size: int,
     grad_accum_steps: int,
@@ -168,7 +172,7 @@ def build_engine(
     lr: float,
     weight_decay: float,
     zero_stage: int,
-    dtype: Literal["fp32", "bf16"],
+    dtype: Literal["fp32", "bf16", "amp_bf16", "auto"],
     grad_clip: float,
     micro_batch_size: int,
     grad_accum_steps: int,
@@ -179,12 +183,14 @@ def build_engine(
 ) -> Any:
     """Wrap ``model`` in a DeepSpeed engine (gloo/CPU or NCCL/GPU, as the process was launched).
 
-    Returns the ``deepspeed.DeepSpeedEngine``; ``engine.module`` is the (possibly bf16-cast) model.
+    Returns the ``deepspeed.DeepSpeedEngine``; ``engine.module`` is the (possibly bf16-cast) model, and
+    ``engine.steprl_dtype`` the training dtype (read by :func:`autocast_for`).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"model {type(model).__name__} has no trainable parameters")
+    dtype = resolve_train_dtype(dtype)
     dist = init_distributed()
     config = make_ds_config(
         lr=lr,
@@ -209,7 +215,14 @@ def build_engine(
         model_parameters=_param_groups(model, weight_decay),
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor),
     )
+    engine.steprl_dtype = dtype
     return engine
+
+
+def autocast_for(engine: Any) -> Any:
+    """The forward-pass context of ``engine``'s training dtype (bf16 autocast under ``amp_bf16``)."""
+    device_type = next(engine.module.parameters()).device.type
+    return autocast(getattr(engine, "steprl_dtype", "fp32"), device_type)
 
 
 def _is_plain_optimizer(engine: Any) -> bool:
@@ -257,7 +270,8 @@ def train_step(engine: Any, micro_batches: Sequence[Any], loss_fn: LossFn) -> di
     n = len(micro_batches)
     for i, micro_batch in enumerate(micro_batches):
         engine.set_gradient_accumulation_boundary(i == n - 1)
-        loss, metrics = loss_fn(engine, micro_batch)
+        with autocast_for(engine):
+            loss, metrics = loss_fn(engine, micro_batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError(f"loss_fn must return a scalar tensor loss, got {type(loss).__name__}")
         if not loss.requires_grad:

@@ -250,12 +250,21 @@ def _hidden_at(decoder: torch.nn.Module, batch: TokenBatch, positions: Tensor) -
     return torch.where((positions < start).unsqueeze(-1), h_pre, h_suf)
 
 
+def head_logits(head: torch.nn.Module, h: Tensor) -> Tensor:
+    """``head(h)`` as fp32 logits, outside any autocast region: under ``amp_bf16`` the backbone runs in
+    bf16 but the output (or value) head, and so the softmax, in fp32; in the head's own dtype otherwise
+    (bf16 weights under DeepSpeed's bf16 mode)."""
+    weight = getattr(head, "weight", None)
+    with torch.autocast(h.device.type, enabled=False):
+        return head(h.to(weight.dtype if weight is not None else torch.float32)).float()
+
+
 def response_logprobs(
     model: torch.nn.Module, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(response token j | context) (B, L), and optionally the entropy of that distribution (B, L)."""
     h = _hidden_at(model.get_decoder(), batch, batch.response_pos)  # (B, L, H)
-    logits = model.get_output_embeddings()(h).float() / temperature  # (B, L, V)
+    logits = head_logits(model.get_output_embeddings(), h) / temperature  # (B, L, V) fp32
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * batch.response_mask
     entropy = None
@@ -272,7 +281,7 @@ def critic_values(critic: torch.nn.Module, batch: TokenBatch, *, per_step: bool)
     backbone = getattr(critic, critic.base_model_prefix)
     positions = batch.value_pos.unsqueeze(-1) if per_step else batch.response_pos
     h = _hidden_at(backbone, batch, positions)
-    v = critic.score(critic.dropout(h)).squeeze(-1).float()  # (B, K)
+    v = head_logits(critic.score, critic.dropout(h)).squeeze(-1)  # (B, K) fp32
     if per_step:
         return v[:, 0]
     return v * batch.response_mask

@@ -23,7 +23,7 @@ from components.agent.render import ChatRenderer
 from components.rollout import make_engine
 from components.train.checkpoint import load_engine_state, save_checkpoint
 from components.train.critic import build_critic
-from components.train.engine import build_engine
+from components.train.engine import autocast_for, build_engine
 from components.train.policy import critic_values, make_token_batch, response_logprobs
 from components.train.rl_update import actor_update, critic_update, trajectory_chunks
 
@@ -45,8 +45,9 @@ class SessionConfig:
     max_model_len: int
     kv_cache_gib: float
     seed: int
-    # Where old log-probs come from: "rollout" (the sampler's own, free; exact for an on-policy first
-    # pass when rollout and trainer agree numerically) or "recompute" (one actor forward per iteration).
+    # Where old log-probs come from: "detached" (the update's own forward, detached: exact and free,
+    # on-policy only), "rollout" (the sampler's own, free; exact when rollout and trainer agree
+    # numerically, as in fp32) or "recompute" (one actor forward per iteration).
     old_logprobs: str = "recompute"
 
 
@@ -54,8 +55,10 @@ class RLSession:
     def __init__(self, init_dir: str | Path, cfg: SessionConfig, tools: list[dict] | None) -> None:
         """Engines start from the HF checkpoint ``init_dir`` (the SFT model): actor, critic backbone,
         reference and rollout engine."""
-        if cfg.old_logprobs not in ("rollout", "recompute"):
-            raise ValueError(f"old_logprobs={cfg.old_logprobs!r}: expected 'rollout' or 'recompute'")
+        if cfg.old_logprobs not in ("detached", "rollout", "recompute"):
+            raise ValueError(
+                f"old_logprobs={cfg.old_logprobs!r}: expected 'detached', 'rollout' or 'recompute'"
+            )
         self.cfg = cfg
         self.init_dir = Path(init_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.init_dir)
@@ -126,10 +129,11 @@ class RLSession:
         """Rows + ``old_logprobs`` (actor now), ``ref_logprobs`` (reference) and critic ``values``.
 
         Log-probs are of the sampling distribution, softmax(logits / temperature), as in the rollout.
-        With ``old_logprobs="rollout"`` the rows' ``response_logprobs`` are the old log-probs and the actor
-        is not run; a forward pass happens only for a reference or a critic."""
+        With ``old_logprobs="rollout"`` (or ``"detached"``, where the update detaches its own) the rows'
+        ``response_logprobs`` are the old log-probs and the actor is not run; a forward pass happens
+        only for a reference or a critic. Forwards run in the training precision."""
         out: list[dict] = [dict(r) for r in rows]
-        from_rollout = self.cfg.old_logprobs == "rollout"
+        from_rollout = self.cfg.old_logprobs in ("rollout", "detached")
         if from_rollout:
             for r in out:
                 r["old_logprobs"] = list(r["response_logprobs"])
@@ -138,6 +142,13 @@ class RLSession:
                     r["ref_logprobs"], r["values"] = None, None
                 return out
         self.actor.eval()
+        with autocast_for(self.actor):
+            self._annotate_chunks(out, rows, from_rollout, temperature, batch_size)
+        return out
+
+    def _annotate_chunks(
+        self, out: list[dict], rows: Sequence[dict], from_rollout: bool, temperature: float, batch_size: int
+    ) -> None:
         for idx in trajectory_chunks(rows, batch_size):
             chunk = [out[i] for i in idx]
             batch = make_token_batch(
@@ -171,7 +182,6 @@ class RLSession:
                     r["values"] = [float(values[i])]
                 else:
                     r["values"] = values[i, :n].tolist()
-        return out
 
     # --- update --------------------------------------------------------------------------------
     def update(
@@ -184,7 +194,8 @@ class RLSession:
             )
             metrics.update({f"critic/{k}": v for k, v in m.items()})
         if train_actor:
-            m = actor_update(self.actor, rows, pad_id=self.pad_id, **actor_kw)
+            detach_old = self.cfg.old_logprobs == "detached"
+            m = actor_update(self.actor, rows, pad_id=self.pad_id, detach_old=detach_old, **actor_kw)
             metrics.update({f"actor/{k}": v for k, v in m.items()})
         return metrics
 

@@ -148,10 +148,14 @@ def actor_update(
     norm_const: float,
     seed: int,
     temperature: float = 1.0,
+    detach_old: bool = False,
 ) -> dict[str, float]:
     """PPO epochs of the actor over ``rows``; returns metrics averaged over optimizer steps.
 
-    Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from."""
+    Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from.
+    ``detach_old``: the old log-probs are this forward's own, detached (ratio exactly 1 at the first
+    step; only on-policy: one epoch, one mini-batch). The rows' ``old_logprobs`` are then the rollout's
+    and give ``logprob_gap``, the mean |trainer - rollout| log-prob per response token."""
     loss_fn_pg = get_policy_loss(policy_loss)
     history = []
     for plan in _mini_batches(rows, mini_batch_size, micro_batch_size, epochs, seed):
@@ -167,7 +171,7 @@ def actor_update(
             logp, entropy = response_logprobs(eng.module, m.batch, temperature=temperature, with_entropy=True)
             pg, pg_metrics = loss_fn_pg(
                 logp=logp,
-                old_logp=m.old_logp,
+                old_logp=logp.detach() if detach_old else m.old_logp,
                 advantages=m.advantages,
                 response_mask=mask,
                 clip_low=clip_low,
@@ -180,6 +184,8 @@ def actor_update(
             metrics = {"pg_loss": pg_loss.detach()}
             metrics.update({f"pg_{k}": v * share for k, v in pg_metrics.items()})
             metrics["entropy"] = (entropy.detach() * mask).sum() / tokens
+            if detach_old:
+                metrics["logprob_gap"] = ((logp.detach() - m.old_logp).abs() * mask).sum() / tokens
             if entropy_coef > 0:
                 loss = loss - entropy_coef * aggregate_loss(
                     loss=entropy, response_mask=mask, mode=loss_agg, **norms

@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from components.train.engine import train_step
-from components.train.policy import SharedPrefix, shared_prefix_hidden
+from components.train.policy import SharedPrefix, head_logits, shared_prefix_hidden
 
 __all__ = [
     "IGNORE_INDEX",
@@ -82,7 +82,7 @@ def count_label_tokens(labels: torch.Tensor) -> int:
 
 
 def token_nll_sum(
-    *, hidden: torch.Tensor, labels: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]
+    *, hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module
 ) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL over labelled positions, and their count.
 
@@ -96,7 +96,7 @@ def token_nll_sum(
         )
     targets = labels[:, 1:]  # (B, T-1)
     keep = targets != IGNORE_INDEX
-    logits = head(hidden[:, :-1][keep]).float()  # (N, V)
+    logits = head_logits(head, hidden[:, :-1][keep])  # (N, V) fp32
     nll_sum = torch.nn.functional.cross_entropy(logits, targets[keep], reduction="sum")
     return nll_sum, int(keep.sum())
 

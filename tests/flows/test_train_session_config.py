@@ -26,5 +26,6 @@ def test_reference_model_only_with_a_kl_term(monkeypatch, kl_coef, use_ref):
     assert cfg.old_logprobs == params.train.old_logprobs
 
 
-def test_default_old_logprobs_come_from_the_rollout():
-    assert load_params(REPO / "params.yaml").train.old_logprobs == "rollout"
+def test_default_old_logprobs_are_the_updates_own_detached():
+    """The exact source that costs no forward: the default update is on-policy (one step per iteration)."""
+    assert load_params(REPO / "params.yaml").train.old_logprobs == "detached"

@@ -39,7 +39,8 @@ def _session(cfg: SessionConfig) -> RLSession:
     return s
 
 
-def test_rollout_logprobs_become_old_logprobs_without_a_forward():
+@pytest.mark.parametrize("source", ["rollout", "detached"])  # detached: the update replaces them itself
+def test_rollout_logprobs_become_old_logprobs_without_a_forward(source):
     rows = [
         {
             "traj_id": "a",
@@ -50,7 +51,7 @@ def test_rollout_logprobs_become_old_logprobs_without_a_forward():
         },
         {"traj_id": "b", "step": 0, "prompt_ids": [1], "response_ids": [5], "response_logprobs": [-2.0]},
     ]
-    out = _session(CFG).annotate(rows)
+    out = _session(dataclasses.replace(CFG, old_logprobs=source)).annotate(rows)
     assert [r["old_logprobs"] for r in out] == [[-0.5, -1.25], [-2.0]]
     assert all(r["ref_logprobs"] is None and r["values"] is None for r in out)
     assert "old_logprobs" not in rows[0]  # the input rows are not modified

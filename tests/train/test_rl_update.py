@@ -101,14 +101,16 @@ def test_trajectory_chunks_cover_rows_once():
     assert all(len(c) <= 5 for c in chunks)
 
 
-def _update(rows: list[dict], micro: int, **kw) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+def _update(
+    rows: list[dict], micro: int, dtype: str = "fp32", **kw
+) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The actor after one actor_update over ``rows`` (one optimizer step), and the gradient it took."""
     engine = build_engine(
         tiny_model(),
         lr=1e-2,
         weight_decay=0.0,
         zero_stage=0,
-        dtype="fp32",
+        dtype=dtype,
         grad_clip=1e9,
         micro_batch_size=micro,
         grad_accum_steps=1,
@@ -176,3 +178,55 @@ def test_actor_update_does_not_depend_on_micro_batch_size():
         assert ga.keys() == gb.keys() and ga
         for name in ga:
             assert torch.allclose(ga[name], gb[name], atol=1e-7, rtol=1e-4), (agg, name)
+
+
+def test_detached_old_logprobs_are_the_exact_ones_whatever_the_rows_say():
+    """On-policy, old = this forward's own log-probs: the same step as exact old log-probs, even when
+    the rows' (rollout) log-probs are off, e.g. by a bf16 sampler; with those stale ones it differs."""
+    rows = _with_old_logprobs(_trajectories(8, seed=5), lambda r: (int(r["traj_id"][1:]) % 3 - 1) * 1.0)
+    _, exact = _update(rows, micro=4)
+    off = [{**r, "old_logprobs": [x + 0.3 for x in r["old_logprobs"]]} for r in rows]
+    _, detached = _update(off, micro=4, detach_old=True)
+    _, stale = _update(off, micro=4)
+    assert exact.keys() == detached.keys() and exact
+    for name in exact:
+        assert torch.allclose(detached[name], exact[name], atol=1e-7, rtol=1e-5), name
+    assert any(not torch.allclose(stale[n], exact[n], atol=1e-7, rtol=1e-5) for n in exact)
+
+
+def test_detached_update_reports_the_rollout_logprob_gap():
+    rows = _with_old_logprobs(_trajectories(6, seed=6), lambda r: 1.0)
+    off = [{**r, "old_logprobs": [x - 0.25 for x in r["old_logprobs"]]} for r in rows]
+    engine = build_engine(
+        tiny_model(),
+        lr=1e-2,
+        weight_decay=0.0,
+        zero_stage=0,
+        dtype="fp32",
+        grad_clip=1e9,
+        micro_batch_size=4,
+        grad_accum_steps=1,
+        warmup_steps=0,
+        total_steps=10,
+        lr_schedule="constant",
+    )
+    metrics = actor_update(
+        engine,
+        off,
+        pad_id=0,
+        policy_loss="ppo",
+        loss_agg="token-mean",
+        clip_low=0.2,
+        clip_high=0.2,
+        clip_ratio_c=3.0,
+        kl_coef=0.0,
+        kl_kind="low_var_kl",
+        entropy_coef=0.0,
+        epochs=1,
+        mini_batch_size=len(off),
+        micro_batch_size=4,
+        norm_const=8.0,
+        seed=0,
+        detach_old=True,
+    )
+    assert metrics["logprob_gap"] == pytest.approx(0.25, abs=1e-5)

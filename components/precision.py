@@ -1,0 +1,81 @@
+"""Numeric precision of training and generation: what ``auto`` means on this hardware, and autocast.
+
+Training dtypes (``deepspeed.dtype``):
+- ``fp32``: fp32 weights, fp32 arithmetic.
+- ``amp_bf16``: fp32 weights, gradients and optimizer state (the master copy); the backbone's forward
+  and backward run under ``torch.autocast`` in bf16 (matmuls and attention), while the output head,
+  the softmax, the losses and the critic's value head stay in fp32 (``components.train.policy.head_logits``).
+- ``bf16``: DeepSpeed's bf16 mode: bf16 weights in the model, fp32 master weights in the optimizer
+  (ZeRO >= 1 accumulates gradients in fp32); the usual choice on GPUs.
+- ``auto``: ``amp_bf16`` where the hardware multiplies bf16 natively, else ``fp32``.
+
+Generation dtypes (``rollout.dtype``): ``float32``, ``bfloat16``, or ``auto`` (``bfloat16`` where the
+hardware has it, else ``float32``).
+
+"Has bf16" means a CUDA device that supports it, or a CPU with AVX-512 BF16 or AMX-BF16: on a CPU
+without them bf16 matmuls are emulated and several times *slower* than fp32, so ``auto`` never picks
+bf16 there. What this module does not do: choose per-layer precision or scale losses (bf16 needs no
+loss scaling).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+__all__ = ["autocast", "cpu_has_bf16", "has_bf16", "resolve_rollout_dtype", "resolve_train_dtype"]
+
+TrainDtype = Literal["fp32", "bf16", "amp_bf16"]
+RolloutDtype = Literal["float32", "bfloat16"]
+_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_bf16(cpuinfo: str) -> bool:
+    """True if a ``/proc/cpuinfo`` text lists a native bf16 matmul instruction set (AVX-512 BF16, AMX-BF16)."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return any(f in flags for f in _BF16_CPU_FLAGS)
+    return False
+
+
+def has_bf16(device_type: str = "cpu") -> bool:
+    """Whether ``device_type`` (cpu or cuda) multiplies bf16 natively (see the module docstring)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        return cpu_has_bf16(Path("/proc/cpuinfo").read_text())
+    except OSError:  # not Linux: no way to tell cheaply, so no bf16
+        return False
+
+
+def _device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_train_dtype(dtype: str) -> TrainDtype:
+    """``auto`` -> ``amp_bf16`` or ``fp32`` for this machine; any other value as it is."""
+    if dtype == "auto":
+        return "amp_bf16" if has_bf16(_device_type()) else "fp32"
+    if dtype not in ("fp32", "bf16", "amp_bf16"):
+        raise ValueError(f"training dtype {dtype!r}: expected one of fp32, bf16, amp_bf16, auto")
+    return dtype  # type: ignore[return-value]
+
+
+def resolve_rollout_dtype(dtype: str) -> RolloutDtype:
+    """``auto`` -> ``bfloat16`` or ``float32`` for this machine; any other value as it is."""
+    if dtype == "auto":
+        return "bfloat16" if has_bf16(_device_type()) else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"rollout dtype {dtype!r}: expected one of float32, bfloat16, auto")
+    return dtype  # type: ignore[return-value]
+
+
+def autocast(dtype: str, device_type: str = "cpu") -> contextlib.AbstractContextManager:
+    """The forward-pass context of a (resolved) training dtype: bf16 autocast for ``amp_bf16``, else nothing."""
+    if dtype == "amp_bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
