@@ -17,30 +17,24 @@ compare figures of the same run.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
-from pathlib import Path
 
 import polars as pl
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import flows  # noqa: F401  (process defaults for vLLM)
+from components import precision
 from components.agent.render import ChatRenderer
 from components.envs import get_task
 from components.rollout import SamplingConfig, make_engine
 from components.train.policy import make_token_batch, response_logprobs
 
 
-def cpu_bf16_flags() -> list[str]:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    return sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|amx_tile)\b", text)))
-
-
 def trainer_logprobs(model, prompts, responses, pad_id: int, autocast: bool) -> list[list[float]]:
     batch = make_token_batch(prompts, responses, pad_id)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.no_grad(), precision.autocast("amp_bf16" if autocast else "fp32"):
         logp, _ = response_logprobs(model, batch)
     return [logp[i, : len(r)].tolist() for i, r in enumerate(responses)]
 
@@ -51,7 +45,7 @@ def train_seconds(model, prompts, responses, pad_id: int, autocast: bool, repeat
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with precision.autocast("amp_bf16" if autocast else "fp32"):
             logp, _ = response_logprobs(model, batch)
         logp.sum().backward()
         times.append(time.perf_counter() - t0)
@@ -76,10 +70,8 @@ def main() -> None:
     renderer = ChatRenderer(tok, spec.tools(), stop_token=tok.eos_token)
     rows = pl.read_parquet(args.data).head(args.prompts).to_dicts()
     prompts = [renderer.prompt(spec.make_env(r).reset(r)) for r in rows]
-    flags = cpu_bf16_flags()
-    print(
-        f"CPU native bf16: {', '.join(flags) if flags else 'none (no avx512_bf16 / amx: bf16 is emulated)'}"
-    )
+    native = precision.has_bf16("cpu")
+    print(f"CPU native bf16: {'yes' if native else 'no (no avx512_bf16 / amx_bf16: bf16 is emulated)'}")
     print(
         f"{len(prompts)} prompts of {statistics.mean(map(len, prompts)):.0f} tokens on average, {args.model}"
     )

@@ -1,15 +1,18 @@
 """Seconds, tokens, model FLOPs and model-FLOPs utilisation (MFU) of one RL iteration of the real train stage.
 
-    python benchmarks/rl_iteration.py [--iterations 3] [--threads 1] [--baseline <commit>]
+    python benchmarks/rl_iteration.py [--iterations 3] [--threads 2] [--baseline <commit>]
+                                      [--variant fp32:deepspeed.dtype=fp32,rollout.dtype=float32 ...]
                                       [--set train.old_logprobs=recompute ...] [--workdir DIR] [--keep]
 
 The workload is a params override of the real pipeline, not a separate code path: a 25M-parameter
 Qwen3 built by ``base_model`` (hidden 512, 8 layers, 8 heads, 4 KV heads, head_dim 64, MLP 1536), the
 calc prompts (~100 tokens), 16 prompts x 8 samples = 128 GRPO trajectories of at most two turns
-(the calculator call, then the answer) of at most 64 tokens each, fp32. (Issue 12 measured one turn;
-the params check now refuses rollout.max_steps below a problem's calls + 1.) The code under test is
-copied to ``<workdir>/new`` (this checkout's working tree) and,
-with ``--baseline``, ``git archive <commit>`` to ``<workdir>/base``; each copy runs
+(the calculator call, then the answer) of at most 64 tokens each, in each copy's default precision
+(fp32 in old commits; ``auto`` now: bf16 where the CPU has it). (Issue 12 measured one turn; the
+params check now refuses rollout.max_steps below a problem's calls + 1.) The code under test is
+copied to ``<workdir>/new`` (this checkout's working tree); each ``--variant NAME:key=value,...``
+is another copy of it with those params (e.g. fp32), and ``--baseline`` ``git archive <commit>`` to
+``<workdir>/base``; each copy runs
 ``python -m flows.prepare``, ``flows.base_model``, ``flows.sft`` (2 steps: only a valid checkpoint
 is needed) and ``flows.train --algo grpo --rl-seed 0`` with the override written into its own
 params.yaml. Nothing is written into this checkout.
@@ -25,7 +28,8 @@ Printed per copy (median over iterations 1..N-1; iteration 0 is a warm-up):
   attention 4 * layers * heads * head_dim * T(T+1)/2 per sequence of T tokens forward (x3 trained);
 - the matmul peak measured in this run (before and after the copies, the best) on the same number of
   threads (torch.matmul fp32 2048^2, bf16 1024^2: a CPU without AVX-512 bf16 runs bf16 matmuls far
-  slower), and MFU = executed FLOPs / (seconds x fp32 peak) of the rollout, the update and the
+  slower), and MFU = executed FLOPs / (seconds x the peak of the copy's training precision, fp32 or
+  bf16) of the rollout, the update and the
   iteration (an update on shared prompts executes fewer FLOPs than the model FLOPs of its
   sequences; the last row divides the model FLOPs instead: effective utilisation);
 - peak resident memory (RSS) of each stage process.
@@ -49,6 +53,8 @@ from pathlib import Path
 
 import yaml
 
+from components.precision import resolve_train_dtype
+
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("components", "flows", "params.yaml", "pyproject.toml")
 
@@ -65,9 +71,8 @@ OVERRIDE = {
         "num_kv_heads": 4,
         "head_dim": 64,
     },
-    "deepspeed": {"dtype": "fp32"},
     "sft": {"steps": 2, "batch_size": 16, "micro_batch_size": 16, "rows": 100, "warmup_steps": 1},
-    "rollout": {"dtype": "float32", "max_steps": 2, "max_response_len": 64},
+    "rollout": {"max_steps": 2, "max_response_len": 64},
     "train": {"trajectories_per_iteration": 128, "val_every": 1000, "val_samples": 8, "kl_coef": 0.0},
     "algorithms": {"grpo": {"samples_per_prompt": 8}},
     "compare": {"algorithms": ["grpo"], "seeds": [0]},
@@ -246,6 +251,7 @@ def measure(
     stages["train"] = run_stage(tree, ["-m", "flows.train", "--algo", "grpo", "--rl-seed", "0"], threads, log)
     params = yaml.safe_load((tree / "params.yaml").read_text())
     recompute = params["train"].get("old_logprobs", "recompute") == "recompute"
+    precision = resolve_train_dtype(params.get("deepspeed", {}).get("dtype", "fp32"))
     # Does this copy's update forward each group's shared prompt once (executed FLOPs are then fewer)?
     shares = "share_prefix=True" in (tree / "components" / "train" / "rl_update.py").read_text()
     shape = model_shape(tree)
@@ -272,7 +278,8 @@ def measure(
         "tree": str(tree),
         "commit": (commit or "working tree") + (" + overlay" if overlay else ""),
         "skipped_override_keys": skipped,
-        "old_logprobs": "recompute" if recompute else "rollout",
+        "old_logprobs": "recompute" if recompute else params["train"].get("old_logprobs", "rollout"),
+        "precision": precision,
         "model": shape,
         "stages": stages,
         "iterations_used": len(used),
@@ -293,13 +300,16 @@ def measure(
 
 
 def report(results: list[dict], peak: dict, threads: int) -> str:
-    fp32 = peak["float32"] * 1e9
     names = [r["commit"] for r in results]
     rows: list[tuple[str, list[str]]] = []
 
     def add(label: str, f) -> None:
         rows.append((label, [f(r) for r in results]))
 
+    def top(r: dict) -> float:  # FLOP/s peak of the precision the copy trained in
+        return peak["bfloat16" if r["precision"] in ("amp_bf16", "bf16") else "float32"] * 1e9
+
+    add("precision (MFU against its matmul peak)", lambda r: r["precision"])
     add("old log-probs source", lambda r: r["old_logprobs"])
     add(
         "model parameters (N for FLOPs)",
@@ -317,17 +327,17 @@ def report(results: list[dict], peak: dict, threads: int) -> str:
     model_flops = lambda r: r["flops"]["rollout"] + r["flops"]["old_logprobs"] + r["flops"]["update"]  # noqa: E731
     run_flops = lambda r: r["flops"]["rollout"] + r["flops"]["old_logprobs"] + r["flops"]["update_executed"]  # noqa: E731
     add("GFLOP iteration (model)", lambda r: f"{model_flops(r) / 1e9:.0f}")
-    add("MFU rollout", lambda r: f"{r['flops']['rollout'] / max(r['seconds']['rollout'], 1e-9) / fp32:.1%}")
+    add("MFU rollout", lambda r: f"{r['flops']['rollout'] / max(r['seconds']['rollout'], 1e-9) / top(r):.1%}")
     add(
         "MFU update (+advantage), executed FLOPs",
         lambda r: (
-            f"{(r['flops']['update_executed'] + r['flops']['old_logprobs']) / max(r['seconds']['update'] + r['seconds']['advantage'], 1e-9) / fp32:.1%}"
+            f"{(r['flops']['update_executed'] + r['flops']['old_logprobs']) / max(r['seconds']['update'] + r['seconds']['advantage'], 1e-9) / top(r):.1%}"
         ),
     )
-    add("MFU iteration, executed FLOPs", lambda r: f"{run_flops(r) / r['seconds']['iteration'] / fp32:.1%}")
+    add("MFU iteration, executed FLOPs", lambda r: f"{run_flops(r) / r['seconds']['iteration'] / top(r):.1%}")
     add(
         "model FLOPs / s / peak (effective)",
-        lambda r: f"{model_flops(r) / r['seconds']['iteration'] / fp32:.1%}",
+        lambda r: f"{model_flops(r) / r['seconds']['iteration'] / top(r):.1%}",
     )
     for s in [s for s in ("prepare", "base_model", "sft", "train") if all(s in r["stages"] for r in results)]:
         add(
@@ -337,16 +347,18 @@ def report(results: list[dict], peak: dict, threads: int) -> str:
     width = max(len(label) for label, _ in rows)
     cols = [max(len(n), *(len(v[i]) for _, v in rows)) for i, n in enumerate(names)]
     lines = [
-        f"RL iteration benchmark: GRPO 16 prompts x 8 samples, one turn <= 64 tokens, {threads} thread(s)",
+        f"RL iteration benchmark: GRPO 16 prompts x 8 samples, two turns <= 64 tokens each, {threads} thread(s)",
         f"matmul peak on {threads} thread(s): fp32 {peak['float32']:.1f} GFLOP/s (2048^2), "
         f"bf16 {peak['bfloat16']:.1f} GFLOP/s (1024^2)",
         "",
         " " * width + "  " + "  ".join(n.rjust(c) for n, c in zip(names, cols)),
     ]
     lines += [label.ljust(width) + "  " + "  ".join(x.rjust(c) for x, c in zip(v, cols)) for label, v in rows]
-    if len(results) == 2:
-        a, b = results[0]["seconds"]["iteration"], results[1]["seconds"]["iteration"]
-        lines.append(f"\nspeed-up per iteration {names[1]} -> {names[0]}: {b / max(a, 1e-9):.2f}x")
+    if len(results) >= 2:
+        base = results[-1]["seconds"]["iteration"]
+        for r in results[:-1]:
+            x = base / max(r["seconds"]["iteration"], 1e-9)
+            lines.append(f"speed-up per iteration {names[-1]} -> {r['commit']}: {x:.2f}x")
     for r in results:
         if r["skipped_override_keys"]:
             lines.append(f"{r['commit']}: override keys not in its params.yaml: {r['skipped_override_keys']}")
@@ -356,12 +368,18 @@ def report(results: list[dict], peak: dict, threads: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=3, help="RL iterations (the first is a warm-up)")
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--new", default=None, help="a commit to measure as new (default: the working tree)")
     ap.add_argument(
         "--overlay", action="append", default=[], help="working-tree file copied over --new (repeatable)"
     )
     ap.add_argument("--baseline", default=None, help="a commit to measure in the same run (git archive)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:key=value,... another copy of --new with these params (repeatable)",
+    )
     ap.add_argument("--set", action="append", default=[], help="extra params override key.path=value")
     ap.add_argument("--workdir", default=None, help="where the copies run (default: a temporary dir)")
     ap.add_argument(
@@ -380,16 +398,24 @@ def main() -> None:
     results = []
     before = matmul_peak(args.threads)
     try:
-        for label, commit in (("new", args.new), ("base", args.baseline)):
-            if label == "base" and commit is None:
-                continue
+        copies = [("new", args.new, [])]
+        for v in args.variant:
+            name, _, sets = v.partition(":")
+            if not name or not sets:
+                raise SystemExit(f"--variant {v!r}: expected NAME:key=value,...")
+            copies.append((name, args.new, sets.split(",")))
+        if args.baseline is not None:
+            copies.append(("base", args.baseline, []))
+        for label, commit, sets in copies:
             tree = work / label
             if tree.exists():
                 raise SystemExit(f"{tree} exists: pass an empty --workdir")
             print(f"[{label}] measuring {commit or 'the working tree'} in {tree} ...", flush=True)
-            overlay = args.overlay if label == "new" else []
+            overlay = args.overlay if label != "base" else []
             reuse = Path(args.reuse) if args.reuse else None
-            results.append(measure(tree, commit, args.iterations, args.threads, args.set, overlay, reuse))
+            result = measure(tree, commit, args.iterations, args.threads, [*args.set, *sets], overlay, reuse)
+            result["commit"] = f"{label}: {result['commit']}"
+            results.append(result)
         after = matmul_peak(args.threads)  # the best of before and after: load only lowers it
         peak = {k: max(before[k], after[k]) for k in before}
         print(report(results, peak, args.threads))
