@@ -248,7 +248,11 @@ def measure(
     else:
         for stage in ("prepare", "base_model", "sft"):
             stages[stage] = run_stage(tree, ["-m", f"flows.{stage}"], threads, log)
-    stages["train"] = run_stage(tree, ["-m", "flows.train", "--algo", "grpo", "--rl-seed", "0"], threads, log)
+    # Before RL seeds existed (e.g. 4475d3e) the run was runs/grpo, started without --rl-seed.
+    seeded = "--rl-seed" in (tree / "flows" / "train.py").read_text()
+    run = RUN if seeded else "grpo"
+    seed_args = ["--rl-seed", "0"] if seeded else []
+    stages["train"] = run_stage(tree, ["-m", "flows.train", "--algo", "grpo", *seed_args], threads, log)
     params = yaml.safe_load((tree / "params.yaml").read_text())
     recompute = params["train"].get("old_logprobs", "recompute") == "recompute"
     precision = resolve_train_dtype(params.get("deepspeed", {}).get("dtype", "fp32"))
@@ -257,7 +261,7 @@ def measure(
     shape = model_shape(tree)
     per_iter = []
     for k in range(iterations):
-        it = tree / "runs" / RUN / f"iter_{k:04d}"
+        it = tree / "runs" / run / f"iter_{k:04d}"
         m = json.loads((it / "metrics.json").read_text())
         timing = {t: m.get(f"timing_s/{t}", 0.0) for t in TASKS}
         timing["iteration"] = m["timing_s/iteration"] - m.get("timing_s/validation", 0.0)
