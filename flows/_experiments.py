@@ -70,10 +70,8 @@ def hydra_value(value: Any, *, key: str = "value") -> str:
 def build_overrides(*, overrides: Sequence[str] = (), **named: Any) -> list[str]:
     """The `-S` list of one run: the named parameters that are set (PARAM_KEYS), then ``overrides``
     (check_overrides checks them). A key set twice is an error naming it."""
-    if set(named) - set(PARAM_KEYS):
-        raise ConfigError(
-            f"unknown run parameter(s) {sorted(set(named) - set(PARAM_KEYS))}; valid: {sorted(PARAM_KEYS)}"
-        )
+    if unknown := sorted(set(named) - set(PARAM_KEYS)):
+        raise ConfigError(f"unknown run parameter(s) {unknown}; valid: {sorted(PARAM_KEYS)}")
     if isinstance(overrides, str):
         raise ConfigError(f"overrides must be a list of key=value strings, got the string {overrides!r}")
     given = [
@@ -259,20 +257,19 @@ def run_experiment(
     "head" in a private clone whose experiment ref is then fetched into the repo, "workspace" as
     DVC's own `--temp` run. ``env``: the stages' environment. Raises ExperimentError (with the last
     lines of dvc's output) when dvc fails; the partial experiment is not kept."""
-    repo, rev = Path(repo).resolve(), head_rev(repo)
-    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "exp", "run", "-n", name]
+    repo, rev, temp = Path(repo).resolve(), head_rev(repo), ["--temp"] if baseline == "workspace" else []
+    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "exp", "run", "-n", name, *temp]
     cmd += [arg for o in overrides for arg in ("-S", o)] + list(targets)
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stages' python
-    with contextlib.ExitStack() as stack:  # a clone's "applied to your workspace" is not said
-        cwd = repo if baseline == "workspace" else stack.enter_context(_head_clone(repo, rev))
-        temp = ["--temp"] if cwd == repo else []
-        code, log = _stream(
-            [*cmd, *temp],
-            cwd,
-            {**env, "PYTHONPATH": str(cwd)},
-            lambda line: "applied to your workspace" in line or on_line(line),
-        )
+
+    def say(line: str) -> None:  # a head run's "applied to your workspace" is the clone's
+        if "applied to your workspace" not in line:
+            on_line(line)
+
+    with contextlib.ExitStack() as stack:
+        cwd = repo if temp else stack.enter_context(_head_clone(repo, rev))
+        code, log = _stream(cmd, cwd, {**env, "PYTHONPATH": str(cwd)}, say)
         if code == 0 and not temp and (exp := experiment_ref(cwd, rev, name)):  # bring it into the repo
             _git(repo, "fetch", "--no-tags", str(cwd), f"{exp[0]}:{exp[0]}")
     if code != 0:

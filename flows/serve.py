@@ -1,10 +1,6 @@
-"""`make serve`: the Procfile's Prefect server, `pipeline` deployment and MLflow server, run by honcho
-on 127.0.0.1 (README: "Run it as a service").
-
-    python -m flows.serve start [--cron "0 3 * * *" | --interval 3600] [-S key=value ...]   (make serve)
-    python -m flows.serve status | env | stop     URLs and whether each answers (make status); `export`
-                                                  lines for a shell's own runs; stop a running `start`
-"""
+"""`make serve` (`python -m flows.serve start`), `make status` (`... status`), `... env` (`export` lines
+for a shell's own runs) and `... stop`: the Procfile's Prefect server, `pipeline` deployment and MLflow
+server, run by honcho on 127.0.0.1 (README: "Run it as a service")."""
 
 from __future__ import annotations
 
@@ -145,8 +141,8 @@ def start(
             raise ServeError(
                 f"port {port} on {HOST} is in use; choose another with --{name.replace('_', '-')}"
             )
-    (repo / ".prefect").mkdir(exist_ok=True)
-    (repo / "mlflow").mkdir(exist_ok=True)
+    for logs in (".prefect", "mlflow"):  # the Procfile writes the servers' logs there
+        (repo / logs).mkdir(exist_ok=True)
     with contextlib.suppress(AttributeError):  # Linux: what the services orphan is re-parented to us
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # (PR_SET_CHILD_SUBREAPER), so Ctrl-C stops it too
     began, pending, failed = time.time(), dict(ready or ep.urls), []
