@@ -123,7 +123,7 @@ def plan_run(
     check of `make serve`'s default overrides and of every flow run, before anything runs."""
     import dvc.api
 
-    rev, run_overrides = head_rev(repo), build_overrides(overrides=overrides, **named)
+    run_overrides, rev = build_overrides(overrides=overrides, **named), head_rev(repo)
     if baseline == "workspace":
         text = (repo / "params.yaml").read_text()
     else:
@@ -142,7 +142,9 @@ def check_experiment_name(name: str) -> str:
 def _git(repo: Path, *args: str) -> str:
     proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
     if proc.returncode:
-        raise ExperimentError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip()}")
+        raise ExperimentError(
+            f"git {' '.join(args)} failed in {repo}: {(proc.stderr or proc.stdout).strip()}"
+        )
     return proc.stdout.strip()
 
 

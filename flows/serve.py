@@ -210,11 +210,17 @@ def _stop_deployment(pid: int | None, ep: Endpoints, grace: float) -> None:
         runner = psutil.Process(pid or -1)
         print(f"{time.strftime('%H:%M:%S')} stopping deployment first (pid {pid})", flush=True)
         # not multiprocessing's resource tracker: it ignores SIGTERM and exits with its parent
-        _terminate([p for p in runner.children() if "resource_tracker" not in " ".join(p.cmdline())], grace)
+        _terminate([p for p in runner.children() if "resource_tracker" not in _cmdline(p)], grace)
         end = time.monotonic() + grace
         while get_json(f"{ep.prefect_url}/api/flow_runs/filter", query)[1] and time.monotonic() < end:
             time.sleep(0.5)
         _terminate([runner, *runner.children(recursive=True)], grace)
+
+
+def _cmdline(p: psutil.Process) -> str:  # "" once it has exited: the caller's list stays whole
+    with contextlib.suppress(psutil.Error):
+        return " ".join(p.cmdline())
+    return ""
 
 
 def _terminate(procs: list[psutil.Process], grace: float) -> None:
@@ -237,7 +243,7 @@ def _kill_all(grace: float = 0.0) -> None:
 
 def status(ep: Endpoints, state_path: Path | None = None) -> int:
     """Print the URLs and whether each answers; 0 when all answer and the deployment is READY, else 1."""
-    state = running(state_path) or {}
+    state = running(state_path)
     print(
         f"`make serve` is running: pid {state['pid']}, started {state['started']}"
         if state
