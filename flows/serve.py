@@ -1,6 +1,8 @@
-"""`make serve` (`python -m flows.serve start`), `make status` (`... status`), `... env` (`export` lines
-for a shell's own runs) and `... stop`: the Procfile's Prefect server, `pipeline` deployment and MLflow
-server, run by honcho on 127.0.0.1 (README: "Run it as a service")."""
+"""`make serve`: the Procfile's Prefect server, `pipeline` deployment and MLflow server, under honcho.
+
+`start` (make serve) runs them on 127.0.0.1; `status` (make status): the URLs and whether each answers;
+`env`: `export` lines for a shell's own runs; `stop`: stops a running `start`. README: "Run it as a service".
+"""
 
 from __future__ import annotations
 
