@@ -1,14 +1,5 @@
-"""DVC experiments from code: build and check `-S` overrides, run one experiment, read its metrics.
-
-- Typed run parameters (seed, model path, ...) and free `key=value` overrides become DVC's `-S` list
-  (Hydra override syntax), checked BEFORE anything runs: DVC's own override code is applied to a copy
-  of the baseline's params.yaml and the result validated by the typed params (components/config.py),
-  so a bad key or value fails with the key named.
-- `dvc exp run` never collides with a user's own run in the workspace: baseline "head" runs in a
-  private clone of HEAD under `.dvc/tmp/steprl-runs/` (own git refs and DVC lock, the repo's DVC
-  cache) whose experiment ref is then fetched into the repo, so `dvc exp show` lists it; baseline
-  "workspace" is DVC's own `dvc exp run --temp` (uncommitted changes to tracked files included).
-"""
+"""DVC experiments from code: a run's `-S` overrides, checked before anything runs, and one
+`dvc exp run` that never touches the user's workspace (README: "What a run starts from")."""
 
 from __future__ import annotations
 
@@ -16,7 +7,6 @@ import contextlib
 import json
 import math
 import os
-import queue
 import re
 import shutil
 import signal
@@ -80,10 +70,8 @@ def hydra_value(value: Any, *, key: str = "value") -> str:
 def build_overrides(*, overrides: Sequence[str] = (), **named: Any) -> list[str]:
     """The `-S` list of one run: the named parameters that are set (PARAM_KEYS), then ``overrides``
     (check_overrides checks them). A key set twice is an error naming it."""
-    if set(named) - set(PARAM_KEYS):
-        raise ConfigError(
-            f"unknown run parameter(s) {sorted(set(named) - set(PARAM_KEYS))}; valid: {sorted(PARAM_KEYS)}"
-        )
+    if unknown := sorted(set(named) - set(PARAM_KEYS)):
+        raise ConfigError(f"unknown run parameter(s) {unknown}; valid: {sorted(PARAM_KEYS)}")
     if isinstance(overrides, str):
         raise ConfigError(f"overrides must be a list of key=value strings, got the string {overrides!r}")
     given = [
@@ -128,6 +116,21 @@ def check_overrides(params_text: str, overrides: Sequence[str], source: str = "p
             raise ConfigError(str(err).replace(str(path), label)) from None
 
 
+def plan_run(
+    repo: Path, baseline: Baseline = "head", overrides: Sequence[str] = (), **named: Any
+) -> tuple[str, list[str], Params]:
+    """(baseline commit, `-S` list, typed params) of a run, or ConfigError naming the bad key: the one
+    check of `make serve`'s default overrides and of every flow run, before anything runs."""
+    import dvc.api
+
+    run_overrides, rev = build_overrides(overrides=overrides, **named), head_rev(repo)
+    if baseline == "workspace":
+        text = (repo / "params.yaml").read_text()
+    else:
+        text = dvc.api.read("params.yaml", repo=str(repo), rev=rev)
+    return rev, run_overrides, check_overrides(text, run_overrides, f"params.yaml ({baseline})")
+
+
 def check_experiment_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name) or ".." in name or name.endswith(".lock"):
         raise ConfigError(
@@ -146,29 +149,19 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def head_rev(repo: Path) -> str:
-    try:
+    with contextlib.suppress(ExperimentError):
         return _git(repo, "rev-parse", "--verify", "HEAD^{commit}")
-    except ExperimentError:
-        raise ExperimentError(
-            f"{repo} has no commit yet: DVC experiments need one (git commit first)"
-        ) from None
+    raise ExperimentError(f"{repo} has no commit yet: DVC experiments need one (git commit first)")
 
 
-def experiment_ref(repo: Path, rev: str, name: str) -> str | None:
-    """Where DVC keeps experiment ``name`` of baseline ``rev`` (ExpRefInfo), if it exists, else None."""
+def experiment_ref(repo: Path, rev: str, name: str) -> tuple[str, str] | None:
+    """(ref, commit) of experiment ``name`` of baseline ``rev`` where DVC keeps it (ExpRefInfo), or None."""
     from dvc.repo.experiments.refs import ExpRefInfo
 
     ref = str(ExpRefInfo(rev, name))
-    return ref if subprocess.run(["git", "show-ref", "--quiet", ref], cwd=repo).returncode == 0 else None
-
-
-def params_at(repo: Path, baseline: Baseline, rev: str) -> str:
-    """params.yaml of the workspace, or as committed at ``rev``."""
-    import dvc.api
-
-    if baseline == "workspace":
-        return (repo / "params.yaml").read_text()
-    return dvc.api.read("params.yaml", repo=str(repo), rev=rev)
+    with contextlib.suppress(ExperimentError):
+        return ref, _git(repo, "rev-parse", "--verify", "--quiet", ref)
+    return None
 
 
 def read_metrics(repo: Path, rev: str, since: str) -> dict[str, float]:
@@ -191,28 +184,20 @@ def _stream(
     cmd: list[str], cwd: Path, env: dict[str, str], on_line: Callable[[str], None]
 ) -> tuple[int, str]:
     """Run ``cmd`` in its own process group, handing each output line to ``on_line`` (of a progress
-    bar: its last state). Returns (exit code, output). What the command left in its group is killed
-    when it exits (it might hold the output open) and when ``on_line`` or a signal interrupts."""
+    bar: its last state). Returns (exit code, output). The group is killed once the command exits
+    (what it left might hold the output open) and when ``on_line`` or a signal interrupts: Prefect's
+    SIGTERM handler raises in this (the main) thread, also while it waits for a line."""
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:  # bytes: text mode would make a line of each '\r' of a progress bar
-        for raw in proc.stdout:
+    threading.Thread(target=lambda: (proc.wait(), _kill_group(proc)), daemon=True).start()
+    out: list[str] = []
+    try:
+        for raw in proc.stdout:  # bytes: text mode would make a line of each '\r' of a progress bar
             parts = [p.rstrip() for p in raw.decode(errors="replace").rstrip("\n").split("\r") if p.strip()]
-            lines.put(parts[-1] if parts else "")
-
-    reader, out = threading.Thread(target=read, daemon=True), []
-    reader.start()
-    try:  # this thread waits in short steps, so a signal (Prefect's SIGTERM) interrupts it at once
-        while reader.is_alive() or not lines.empty():
-            with contextlib.suppress(queue.Empty):
-                out.append(line := lines.get(timeout=0.2))
-                if line:
-                    on_line(line)
-            if proc.poll() is not None:
-                _kill_group(proc)
+            out.append(line := parts[-1] if parts else "")
+            if line:
+                on_line(line)
         return proc.wait(), "\n".join(out)
     finally:
         _kill_group(proc)
@@ -270,32 +255,30 @@ def run_experiment(
     env: dict[str, str] | None = None,
     on_line: Callable[[str], None] = print,
 ) -> ExperimentResult:
-    """Run `dvc exp run -n <name> -S ... [targets]` from ``baseline`` without touching the workspace.
-
-    ``env`` is the environment of the run (the stage commands inherit it). Raises ExperimentError
-    (with the last lines of dvc's output) when dvc fails; the partial experiment is not kept.
-    """
-    repo, rev = Path(repo).resolve(), head_rev(repo)
-    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "exp", "run", "-n", name]
+    """Run `dvc exp run -n <name> -S ... [targets]` from ``baseline`` without touching the workspace:
+    "head" in a private clone whose experiment ref is then fetched into the repo, "workspace" as
+    DVC's own `--temp` run. ``env``: the stages' environment. Raises ExperimentError (with the last
+    lines of dvc's output) when dvc fails; the partial experiment is not kept."""
+    repo, rev, temp = Path(repo).resolve(), head_rev(repo), ["--temp"] if baseline == "workspace" else []
+    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "exp", "run", "-n", name, *temp]
     cmd += [arg for o in overrides for arg in ("-S", o)] + list(targets)
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stages' python
-    if baseline == "workspace":
-        code, log = _stream([*cmd, "--temp"], repo, {**env, "PYTHONPATH": str(repo)}, on_line)
-    else:
-        with _head_clone(repo, rev) as run_dir:  # dvc's "applied to your workspace" is the clone's
-            clone_env = {**env, "PYTHONPATH": str(run_dir)}
-            code, log = _stream(
-                cmd, run_dir, clone_env, lambda line: "applied to your workspace" in line or on_line(line)
-            )
-            if code == 0 and (ref := experiment_ref(run_dir, rev, name)):  # bring it into the repo
-                _git(repo, "fetch", "--no-tags", str(run_dir), f"{ref}:{ref}")
+
+    def say(line: str) -> None:  # a head run's "applied to your workspace" is the clone's
+        if "applied to your workspace" not in line:
+            on_line(line)
+
+    with contextlib.ExitStack() as stack:
+        cwd = repo if temp else stack.enter_context(_head_clone(repo, rev))
+        code, log = _stream(cmd, cwd, {**env, "PYTHONPATH": str(cwd)}, say)
+        if code == 0 and not temp and (exp := experiment_ref(cwd, rev, name)):  # bring it into the repo
+            _git(repo, "fetch", "--no-tags", str(cwd), f"{exp[0]}:{exp[0]}")
     if code != 0:
         tail = "\n".join(log.splitlines()[-30:])
         raise ExperimentError(f"dvc exp run failed (exit code {code}); last lines:\n{tail}")
-    ref = experiment_ref(repo, rev, name)
-    if not ref:
+    if not (exp := experiment_ref(repo, rev, name)):
         raise ExperimentError(
             f"dvc exp run finished but experiment {name!r} does not exist; output:\n{log[-3000:]}"
         )
-    return ExperimentResult(name=name, ref=ref, rev=_git(repo, "rev-parse", ref), baseline_rev=rev, log=log)
+    return ExperimentResult(name=name, ref=exp[0], rev=exp[1], baseline_rev=rev, log=log)

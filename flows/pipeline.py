@@ -1,12 +1,5 @@
-"""Flow `pipeline`: the whole DVC pipeline as one DVC experiment; the flow the Prefect UI schedules.
-
-A run checks its parameters against the typed params BEFORE anything runs (a bad key fails the run
-with the key named), opens a parent MLflow run, runs `dvc exp run -n <name> -S ...` without touching
-the user's workspace (flows/_experiments.py: a private clone of HEAD by default), streams dvc's output
-to the Prefect logs, and records the experiment (git ref, metrics, dvc's log) on the parent MLflow run.
-Stage runs (sft, evaluate-sft, grpo-s0, ...) are logged as its children, so one scheduled run is one
-row in the MLflow UI, one flow run in the Prefect UI and one row in `dvc exp show`. The stage processes
-inherit PREFECT_API_URL and MLFLOW_TRACKING_URI: under `make serve` they report to both servers.
+"""Flow `pipeline`: the whole DVC pipeline as one DVC experiment (`dvc exp run`, flows/_experiments.py)
+logged to one MLflow run with the stage runs nested under it; the flow `make serve` deploys.
 
     python -m flows.pipeline run -S seed=1 -S sft.steps=50 [stage ...]    # once, here
     python -m flows.pipeline serve       # the deployment pipeline/steprl (the Procfile of `make serve`)
@@ -28,16 +21,7 @@ from pydantic import Field
 
 from components.config import ConfigError
 from flows import REPO
-from flows._experiments import (
-    build_overrides,
-    check_experiment_name,
-    check_overrides,
-    experiment_ref,
-    head_rev,
-    params_at,
-    read_metrics,
-    run_experiment,
-)
+from flows._experiments import check_experiment_name, experiment_ref, plan_run, read_metrics, run_experiment
 from flows._stage import flatten, mlflow_run, tracking_uri
 
 # `dvc exp run` as a task of the flow run: a SIGTERM (Ctrl-C of `make serve`) is logged as its crash
@@ -76,9 +60,8 @@ def pipeline(
     import mlflow
 
     named = dict(task=task, algorithms=algorithms, seed=seed, iterations=iterations, model_path=model_path)
-    run_overrides = build_overrides(**named, overrides=overrides)
-    rev, targets = head_rev(REPO), targets or []
-    params = check_overrides(params_at(REPO, baseline, rev), run_overrides, f"params.yaml ({baseline})")
+    rev, run_overrides, params = plan_run(REPO, baseline, overrides, **named)
+    targets = targets or []
     name = check_experiment_name(experiment_name or flow_run.get_name() or time.strftime("run-%Y%m%d-%H%M%S"))
     if experiment_ref(REPO, rev, name):
         if experiment_name:
@@ -98,28 +81,22 @@ def pipeline(
     }
     flat = flatten(params.model_dump(mode="json"))
     with mlflow_run(params, f"pipeline {name}", [], tags=tags, extra_params=flat) as run:
-        # the stages' environment: without the runner's internals; their MLflow runs become children
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__")}
-        env["MLFLOW_TRACKING_URI"] = tracking_uri(params)
+        # the stages' environment, without the runner's internals; MLflow tags every run they start
+        # with MLFLOW_RUN_CONTEXT, which makes them children of this one
         context = {"mlflow.parentRunId": run.info.run_id, "steprl.dvc_exp": name}
         context["prefect.flow_run_id"] = tags["prefect.flow_run_id"]
-        env["MLFLOW_RUN_CONTEXT"] = json.dumps(context)  # MLflow's: tags of every run the stages start
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__")}
+        env |= {"MLFLOW_TRACKING_URI": tracking_uri(params), "MLFLOW_RUN_CONTEXT": json.dumps(context)}
         try:
+            log = get_run_logger().info
             result = dvc_exp_run(
-                REPO,
-                run_overrides,
-                name,
-                baseline=baseline,
-                targets=targets,
-                env=env,
-                on_line=get_run_logger().info,
+                REPO, run_overrides, name, baseline=baseline, targets=targets, env=env, on_line=log
             )
         except BaseException as err:  # the run ends FAILED; keep why next to it
             mlflow.log_text(f"{type(err).__name__}: {err}\n", "error.txt")
             raise
         mlflow.set_tags({"steprl.dvc_ref": result.ref, "steprl.dvc_rev": result.rev})
-        metrics = read_metrics(REPO, result.rev, since=rev)
-        mlflow.log_metrics(metrics)
+        mlflow.log_metrics(metrics := read_metrics(REPO, result.rev, since=rev))
         mlflow.log_text(result.log, "dvc_exp_run.log")
     print(f"DVC experiment {name!r} ({result.rev[:7]}): `dvc exp show`, `dvc exp apply {name}`")
     return {
@@ -134,10 +111,9 @@ def pipeline(
 
 
 def serve_deployment() -> None:
-    """Serve pipeline/steprl from this process (blocks; flow runs are subprocesses), settings from the
-    environment the Procfile gets: STEPRL_SCHEDULE_CRON or STEPRL_SCHEDULE_INTERVAL (seconds) and
-    STEPRL_OVERRIDES (default overrides, a JSON list). Without a schedule it keeps the deployment's
-    schedules (made in the UI), which `serve` would otherwise replace by none."""
+    """Serve pipeline/steprl from this process (blocks; flow runs are subprocesses) with the Procfile's
+    settings: STEPRL_SCHEDULE_CRON or _INTERVAL (seconds), STEPRL_OVERRIDES (a JSON list). Without a
+    schedule it keeps the deployment's schedules (made in the UI), which `serve` would replace by none."""
     import warnings
 
     from prefect import get_client

@@ -20,10 +20,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from flows import REPO
+from flows.serve import get_json
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -32,14 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def start_server(port: int, log: Path) -> subprocess.Popen:
@@ -67,7 +59,7 @@ def start_server(port: int, log: Path) -> subprocess.Popen:
             start_new_session=True,
         )
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not answers(f"http://127.0.0.1:{port}/api/health"):
+    while get_json(f"http://127.0.0.1:{port}/api/health")[0] != 200:
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_server(proc)
             raise SystemExit(

@@ -1,14 +1,7 @@
-"""`make serve`: the Prefect server, the `pipeline` deployment and the MLflow tracking server.
+"""`make serve`: the Procfile's Prefect server, `pipeline` deployment and MLflow server, under honcho.
 
-    python -m flows.serve start [--cron "0 3 * * *" | --interval 3600] [-S key=value ...]   (make serve)
-    python -m flows.serve status | env | stop     URLs and whether each answers (make status); `export`
-                                                  lines for a shell's own runs; stop a running `start`
-
-`start` runs the three processes of the repo's Procfile with honcho, on 127.0.0.1 (--prefect-port,
---mlflow-port: 4200, 5000), the ports passed through the tools' own settings (PREFECT_SERVER_API_PORT,
-PREFECT_UI_API_URL, PREFECT_API_URL, ...). Ctrl-C or SIGTERM: the deployment first (its flow runs stop
-their `dvc exp run` and report it), then honcho stops the servers; SIGKILL after the grace period. This
-process is the child subreaper of them all, so what they orphaned is stopped too.
+`start` (make serve) runs them on 127.0.0.1; `status` (make status): the URLs and whether each answers;
+`env`: `export` lines for a shell's own runs; `stop`: stops a running `start`. README: "Run it as a service".
 """
 
 from __future__ import annotations
@@ -66,20 +59,17 @@ class Endpoints(NamedTuple):
 
 def port_free(port: int) -> bool:
     """Nobody listens on ``port`` (SO_REUSEADDR as the servers use it: TIME_WAIT leftovers do not count)."""
-    with socket.socket() as s:
+    with socket.socket() as s, contextlib.suppress(OSError):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        with contextlib.suppress(OSError):
-            return s.bind((HOST, port)) is None
+        return s.bind((HOST, port)) is None
     return False
 
 
 def get_json(url: str, body: object = None) -> tuple[int, object]:
     """(HTTP status, parsed body) of a GET, or of a POST of ``body``; status 0 when nothing answers."""
-    request = urllib.request.Request(
-        url, body and json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
+    data, headers = body and json.dumps(body).encode(), {"Content-Type": "application/json"}
     try:
-        with urllib.request.urlopen(request, timeout=5) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=5) as r:
             status, raw = r.status, r.read()
     except urllib.error.HTTPError as err:
         return err.code, None
@@ -137,7 +127,9 @@ def start(
 ) -> int:
     """Run ``processes`` (default: the Procfile) with honcho until Ctrl-C/SIGTERM (exit 0) or one of
     them exits (exit 1: honcho stops the others). ``ready``: {name: URL answering 200 once it is up},
-    by default ``ep.urls`` (the deployment's record: once this start has re-registered it)."""
+    by default ``ep.urls`` (the deployment's record: once this start has re-registered it). On a stop
+    the deployment goes first (its flow runs report to both servers as they stop), SIGKILL follows
+    after ``grace``; this process is the subreaper of them all, so what they orphaned is stopped too."""
     import honcho.manager
     from honcho.environ import parse_procfile
 
@@ -151,8 +143,8 @@ def start(
             raise ServeError(
                 f"port {port} on {HOST} is in use; choose another with --{name.replace('_', '-')}"
             )
-    (repo / ".prefect").mkdir(exist_ok=True)
-    (repo / "mlflow").mkdir(exist_ok=True)
+    for logs in (".prefect", "mlflow"):  # the Procfile writes the servers' logs there
+        (repo / logs).mkdir(exist_ok=True)
     with contextlib.suppress(AttributeError):  # Linux: what the services orphan is re-parented to us
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # (PR_SET_CHILD_SUBREAPER), so Ctrl-C stops it too
     began, pending, failed = time.time(), dict(ready or ep.urls), []
@@ -161,15 +153,14 @@ def start(
         stopping = False
 
         def terminate(self) -> None:  # honcho's stop of all processes (a signal, or one of them exited)
-            if not self.stopping:  # the deployment first: its flow runs report to both servers as they stop
+            if not self.stopping:
                 self.stopping = True
                 _stop_deployment(self._processes.get("deployment", {}).get("pid"), ep, grace)
             super().terminate()
             # honcho waits for each process's output to end: kill what still holds it after the grace
             threading.Thread(target=lambda: (time.sleep(grace + 5), _kill_all()), daemon=True).start()
 
-    manager = Manager()
-    env = service_env(ep, cron=cron, interval=interval, overrides=overrides, repo=repo)
+    manager, env = Manager(), service_env(ep, cron=cron, interval=interval, overrides=overrides, repo=repo)
     for name, cmd in (processes or parse_procfile((repo / "Procfile").read_text()).processes).items():
         manager.add_process(name, cmd, env=env, cwd=str(repo))
     honcho.manager.KILL_WAIT = grace  # a flow run takes ~8 s to stop its `dvc exp run` (2 busy cores)
@@ -220,7 +211,7 @@ def _stop_deployment(pid: int | None, ep: Endpoints, grace: float) -> None:
     with contextlib.suppress(psutil.Error, ValueError):  # ValueError: no pid (it never started)
         runner = psutil.Process(pid or -1)
         print(f"{time.strftime('%H:%M:%S')} stopping deployment first (pid {pid})", flush=True)
-        # (not multiprocessing's resource tracker: it ignores SIGTERM and exits with its parent)
+        # not multiprocessing's resource tracker: it ignores SIGTERM and exits with its parent
         _terminate([p for p in runner.children() if "resource_tracker" not in _cmdline(p)], grace)
         end = time.monotonic() + grace
         while get_json(f"{ep.prefect_url}/api/flow_runs/filter", query)[1] and time.monotonic() < end:
@@ -228,7 +219,7 @@ def _stop_deployment(pid: int | None, ep: Endpoints, grace: float) -> None:
         _terminate([runner, *runner.children(recursive=True)], grace)
 
 
-def _cmdline(p: psutil.Process) -> str:
+def _cmdline(p: psutil.Process) -> str:  # "" once it has exited: the caller's list stays whole
     with contextlib.suppress(psutil.Error):
         return " ".join(p.cmdline())
     return ""
@@ -261,22 +252,20 @@ def status(ep: Endpoints, state_path: Path | None = None) -> int:
         else "`make serve` is not running (start it with `make serve`)"
     )
     got = {name: get_json(url) for name, url in ep.urls.items()}
-    for name, label, url in (
-        ("prefect", "Prefect UI/API", ep.prefect_url),
-        ("mlflow", "MLflow UI", ep.mlflow_url),
-    ):
-        print(
-            f"  {label:<15} {url:<28} {'up' if got[name][0] == 200 else 'not answering'}  ({ep.urls[name]})"
-        )
+    servers = {"prefect": ("Prefect UI/API", ep.prefect_url), "mlflow": ("MLflow UI", ep.mlflow_url)}
+    for name, (label, url) in servers.items():
+        answer = "up" if got[name][0] == 200 else "not answering"
+        print(f"  {label:<15} {url:<28} {answer}  ({ep.urls[name]})")
     code, dep = got["deployment"]
     if got["prefect"][0] != 200:
         what = "unknown (Prefect is not answering)"
     elif code == 200 and isinstance(dep, dict):
-        schedules = [
+        schedules = ", ".join(
             " ".join(map(str, next(iter(s["schedule"].items())))) + ("" if s["active"] else " (inactive)")
             for s in dep["schedules"]
-        ]
-        what = f"{dep['status']}{' paused' if dep['paused'] else ''}; schedules: {', '.join(schedules) or 'none'}; {ep.prefect_url}/deployments/deployment/{dep['id']}"
+        )
+        paused = " paused" if dep["paused"] else ""
+        what = f"{dep['status']}{paused}; schedules: {schedules or 'none'}; {ep.prefect_url}/deployments/deployment/{dep['id']}"
     else:
         what = "not registered"
     print(f"  deployment      pipeline/steprl            {what}")
@@ -284,16 +273,14 @@ def status(ep: Endpoints, state_path: Path | None = None) -> int:
 
 
 def stop(state_path: Path | None = None, timeout: float = 60.0) -> int:
+    """SIGTERM to a running `start` (it stops its services); 1 if it is still running after ``timeout``."""
     if not (state := running(state_path)):
         print("`make serve` is not running")
         return 0
     _terminate([proc := psutil.Process(state["pid"])], timeout)
-    print(
-        f"pid {proc.pid} is still running after {timeout:.0f} s"
-        if proc.is_running()
-        else f"stopped (pid {proc.pid})"
-    )
-    return int(proc.is_running())
+    alive = proc.is_running()
+    print(f"pid {proc.pid} is still running after {timeout:.0f} s" if alive else f"stopped (pid {proc.pid})")
+    return int(alive)
 
 
 def _cron(text: str) -> str:  # Prefect's own checks of a schedule, before anything starts
@@ -331,22 +318,17 @@ def main(argv: list[str] | None = None) -> int:
     command, state = args.pop("command"), running() or {}
     if command == "stop":
         return stop()
-    ports = [
-        args.pop(k) or (command != "start" and state.get(k)) or d
-        for k, d in Endpoints._field_defaults.items()
-    ]
-    ep = Endpoints(*ports)
+    ports = Endpoints._field_defaults.items()  # the flag, else the running start's, else the default
+    ep = Endpoints(*(args.pop(k) or (command != "start" and state.get(k)) or d for k, d in ports))
     if command == "env":
         print(f"export PREFECT_API_URL={ep.prefect_url}/api\nexport MLFLOW_TRACKING_URI={ep.mlflow_url}")
     if command != "start":
         return status(ep) if command == "status" else 0
     try:
         if args["overrides"]:  # a bad default override fails here, not in the deployment's log
-            from flows._experiments import build_overrides, check_overrides, head_rev, params_at
+            from flows._experiments import plan_run
 
-            check_overrides(
-                params_at(REPO, "head", head_rev(REPO)), build_overrides(overrides=args["overrides"])
-            )
+            plan_run(REPO, overrides=args["overrides"])
         return start(ep, **args)
     except (ServeError, ValueError) as err:  # ValueError: a bad default override (ConfigError)
         print(f"error: {err}", file=sys.stderr)
