@@ -26,7 +26,7 @@ TRAIN = {
     "train": {
         "iterations": 3,
         "trajectories_per_iteration": 8,
-        "mini_batch_size": 8,
+        "mini_batch_size": 24,  # every step row in one optimizer step (old_logprobs: detached)
         "micro_batch_size": 4,
         "val_samples": 4,
         "val_every": 10,

@@ -30,7 +30,9 @@ TINY = {
     "train": {
         "iterations": 2,
         "trajectories_per_iteration": 8,
-        "mini_batch_size": 8,
+        # every step row (8 trajectories x rollout.max_steps 3) in one optimizer step: on-policy, as the
+        # default old_logprobs: detached needs
+        "mini_batch_size": 24,
         "micro_batch_size": 4,
         "val_samples": 4,
         "val_every": 1,
