@@ -117,7 +117,7 @@ class DeepSpeedParams(Section):
     zero_stage: int = Field(0, ge=0, le=3)
     # Training precision (components.precision): fp32, amp_bf16 (fp32 weights, bf16 autocast), bf16
     # (DeepSpeed's bf16 mode), or auto (amp_bf16 where the hardware has bf16 matmuls, else fp32).
-    dtype: Literal["fp32", "amp_bf16", "bf16", "auto"] = "auto"
+    dtype: Literal["fp32", "amp_bf16", "bf16", "auto"] = "fp32"
 
 
 class SFTParams(Section):
@@ -150,7 +150,7 @@ class RolloutParams(Section):
     # Generation engine: vllm (default) or hf (transformers generate, fallback).
     engine: Literal["vllm", "hf"] = "vllm"
     # Engine precision for generation: float32, bfloat16, or auto (bfloat16 where the hardware has it).
-    dtype: Literal["float32", "bfloat16", "auto"] = "auto"
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     # Most agent turns (steps) per episode.
     max_steps: int = Field(4, ge=1, le=64)
     # Most tokens the model may see at one step; longer contexts end the episode as truncated.
