@@ -101,10 +101,11 @@ def test_trajectory_chunks_cover_rows_once():
     assert all(len(c) <= 5 for c in chunks)
 
 
-def _update(
+def _actor_step(
     rows: list[dict], micro: int, dtype: str = "fp32", **kw
-) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """The actor after one actor_update over ``rows`` (one optimizer step), and the gradient it took."""
+) -> tuple[torch.nn.Module, dict[str, torch.Tensor], dict[str, float]]:
+    """The actor after one actor_update over ``rows`` (one optimizer step), the gradient it took and
+    the update's metrics."""
     engine = build_engine(
         tiny_model(),
         lr=1e-2,
@@ -135,9 +136,15 @@ def _update(
         seed=0,
     )
     capture = GradCapture(engine)
-    actor_update(engine, rows, **{**base, **kw})
+    metrics = actor_update(engine, rows, **{**base, **kw})
     capture.close()
-    return engine.module, capture.grads
+    return engine.module, capture.grads, metrics
+
+
+def _update(rows: list[dict], micro: int, **kw) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """:func:`_actor_step` without the metrics."""
+    model, grads, _ = _actor_step(rows, micro, **kw)
+    return model, grads
 
 
 def _with_old_logprobs(rows: list[dict], advantage_of) -> list[dict]:
@@ -197,36 +204,5 @@ def test_detached_old_logprobs_are_the_exact_ones_whatever_the_rows_say():
 def test_detached_update_reports_the_rollout_logprob_gap():
     rows = _with_old_logprobs(_trajectories(6, seed=6), lambda r: 1.0)
     off = [{**r, "old_logprobs": [x - 0.25 for x in r["old_logprobs"]]} for r in rows]
-    engine = build_engine(
-        tiny_model(),
-        lr=1e-2,
-        weight_decay=0.0,
-        zero_stage=0,
-        dtype="fp32",
-        grad_clip=1e9,
-        micro_batch_size=4,
-        grad_accum_steps=1,
-        warmup_steps=0,
-        total_steps=10,
-        lr_schedule="constant",
-    )
-    metrics = actor_update(
-        engine,
-        off,
-        pad_id=0,
-        policy_loss="ppo",
-        loss_agg="token-mean",
-        clip_low=0.2,
-        clip_high=0.2,
-        clip_ratio_c=3.0,
-        kl_coef=0.0,
-        kl_kind="low_var_kl",
-        entropy_coef=0.0,
-        epochs=1,
-        mini_batch_size=len(off),
-        micro_batch_size=4,
-        norm_const=8.0,
-        seed=0,
-        detach_old=True,
-    )
+    _, _, metrics = _actor_step(off, micro=4, detach_old=True)
     assert metrics["logprob_gap"] == pytest.approx(0.25, abs=1e-5)
