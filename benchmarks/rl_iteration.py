@@ -1,14 +1,14 @@
 """Seconds, tokens, model FLOPs and model-FLOPs utilisation (MFU) of one RL iteration of the real train stage.
 
     python benchmarks/rl_iteration.py [--iterations 3] [--threads 2] [--baseline <commit>]
-                                      [--variant fp32:deepspeed.dtype=fp32,rollout.dtype=float32 ...]
+                                      [--variant bf16:deepspeed.dtype=auto,rollout.dtype=auto ...]
                                       [--set train.old_logprobs=recompute ...] [--workdir DIR] [--keep]
 
 The workload is a params override of the real pipeline, not a separate code path: a 25M-parameter
 Qwen3 built by ``base_model`` (hidden 512, 8 layers, 8 heads, 4 KV heads, head_dim 64, MLP 1536), the
 calc prompts (~100 tokens), 16 prompts x 8 samples = 128 GRPO trajectories of at most two turns
 (the calculator call, then the answer) of at most 64 tokens each, in each copy's default precision
-(fp32 in old commits; ``auto`` now: bf16 where the CPU has it). (Issue 12 measured one turn; the
+(fp32; ``--variant bf16:deepspeed.dtype=auto,rollout.dtype=auto`` for bf16 where the CPU has it). (Issue 12 measured one turn; the
 params check now refuses rollout.max_steps below a problem's calls + 1.) The code under test is
 copied to ``<workdir>/new`` (this checkout's working tree); each ``--variant NAME:key=value,...``
 is another copy of it with those params (e.g. fp32), and ``--baseline`` ``git archive <commit>`` to

@@ -22,11 +22,19 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
-__all__ = ["autocast", "cpu_has_bf16", "has_bf16", "resolve_rollout_dtype", "resolve_train_dtype"]
+__all__ = [
+    "RolloutDtype",
+    "TrainDtype",
+    "autocast",
+    "cpu_has_bf16",
+    "has_bf16",
+    "resolve_rollout_dtype",
+    "resolve_train_dtype",
+]
 
 TrainDtype = Literal["fp32", "bf16", "amp_bf16"]
 RolloutDtype = Literal["float32", "bfloat16"]
@@ -60,8 +68,8 @@ def resolve_train_dtype(dtype: str) -> TrainDtype:
     """``auto`` -> ``amp_bf16`` or ``fp32`` for this machine; any other value as it is."""
     if dtype == "auto":
         return "amp_bf16" if has_bf16(_device_type()) else "fp32"
-    if dtype not in ("fp32", "bf16", "amp_bf16"):
-        raise ValueError(f"training dtype {dtype!r}: expected one of fp32, bf16, amp_bf16, auto")
+    if dtype not in get_args(TrainDtype):
+        raise ValueError(f"training dtype {dtype!r}: expected one of {', '.join(get_args(TrainDtype))}, auto")
     return dtype  # type: ignore[return-value]
 
 
@@ -69,8 +77,10 @@ def resolve_rollout_dtype(dtype: str) -> RolloutDtype:
     """``auto`` -> ``bfloat16`` or ``float32`` for this machine; any other value as it is."""
     if dtype == "auto":
         return "bfloat16" if has_bf16(_device_type()) else "float32"
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"rollout dtype {dtype!r}: expected one of float32, bfloat16, auto")
+    if dtype not in get_args(RolloutDtype):
+        raise ValueError(
+            f"rollout dtype {dtype!r}: expected one of {', '.join(get_args(RolloutDtype))}, auto"
+        )
     return dtype  # type: ignore[return-value]
 
 

@@ -42,11 +42,11 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
-from components.precision import autocast, resolve_train_dtype
+from components.precision import TrainDtype, autocast, resolve_train_dtype
 from components.train.distributed import init_distributed
 
 __all__ = ["LossFn", "autocast_for", "build_engine", "lr_factor", "make_ds_config", "train_step"]
@@ -54,7 +54,7 @@ __all__ = ["LossFn", "autocast_for", "build_engine", "lr_factor", "make_ds_confi
 # loss_fn(engine, micro_batch) -> (scalar loss already divided by the global normaliser, metrics)
 LossFn = Callable[[Any, Any], "tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]"]
 
-_DTYPES = ("fp32", "bf16", "amp_bf16")
+_DTYPES = get_args(TrainDtype)
 _SCHEDULES = ("linear_decay", "constant")
 
 
@@ -72,7 +72,7 @@ def make_ds_config(
     lr: float,
     weight_decay: float,
     zero_stage: int,
-    dtype: Literal["fp32", "bf16", "amp_bf16"],
+    dtype: TrainDtype,
     grad_clip: float,
     micro_batch_size: int,
     grad_accum_steps: int,
@@ -172,7 +172,7 @@ def build_engine(
     lr: float,
     weight_decay: float,
     zero_stage: int,
-    dtype: Literal["fp32", "bf16", "amp_bf16", "auto"],
+    dtype: TrainDtype | Literal["auto"],
     grad_clip: float,
     micro_batch_size: int,
     grad_accum_steps: int,
