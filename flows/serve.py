@@ -1,7 +1,7 @@
 """`make serve`: the Procfile's Prefect server, `pipeline` deployment and MLflow server, under honcho.
 
-`start` (make serve) runs them on 127.0.0.1; `status` (make status): the URLs and whether each answers;
-`env`: `export` lines for a shell's own runs; `stop`: stops a running `start`. README: "Run it as a service".
+`start` (make serve) runs them on 127.0.0.1 until Ctrl-C; `status` (make status): the URLs and whether
+each answers; `env`: `export` lines for a shell's own runs. README: "Run it as a service".
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
+import httpx
 import psutil
 
 from flows import REPO
@@ -67,17 +66,13 @@ def port_free(port: int) -> bool:
 
 def get_json(url: str, body: object = None) -> tuple[int, object]:
     """(HTTP status, parsed body) of a GET, or of a POST of ``body``; status 0 when nothing answers."""
-    data, headers = body and json.dumps(body).encode(), {"Content-Type": "application/json"}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=5) as r:
-            status, raw = r.status, r.read()
-    except urllib.error.HTTPError as err:
-        return err.code, None
-    except (OSError, ValueError):
+        r = httpx.request("POST" if body else "GET", url, json=body, timeout=5)
+    except httpx.HTTPError:
         return 0, None
     with contextlib.suppress(ValueError):
-        return status, json.loads(raw)
-    return status, raw.decode(errors="replace")
+        return r.status_code, r.json()
+    return r.status_code, r.text
 
 
 def running(path: Path | None = None) -> dict | None:
@@ -136,7 +131,7 @@ def start(
     state_path = state_path or STATE
     if state := running(state_path):
         raise ServeError(
-            f"already running (pid {state['pid']}): `make status` shows it, `python -m flows.serve stop` stops it"
+            f"already running (pid {state['pid']}): `make status` shows it; Ctrl-C or `kill {state['pid']}` stops it"
         )
     for name, port in ep._asdict().items():
         if not port_free(port):
@@ -155,7 +150,7 @@ def start(
         def terminate(self) -> None:  # honcho's stop of all processes (a signal, or one of them exited)
             if not self.stopping:
                 self.stopping = True
-                _stop_deployment(self._processes.get("deployment", {}).get("pid"), ep, grace)
+                _stop_deployment(self._processes.get("deployment", {}).get("pid"), grace)
             super().terminate()
             # honcho waits for each process's output to end: kill what still holds it after the grace
             threading.Thread(target=lambda: (time.sleep(grace + 5), _kill_all()), daemon=True).start()
@@ -200,22 +195,15 @@ def start(
     return 0 if manager.returncode in (130, 143) and not failed else 1  # a signal, else one of them died
 
 
-def _stop_deployment(pid: int | None, ep: Endpoints, grace: float) -> None:
-    """SIGTERM to the runner's flow runs (each stops its `dvc exp run`), wait until the Prefect server
-    has none RUNNING (the runner reports them as crashed), then SIGTERM to the runner and what is
-    left below it; each step up to ``grace`` seconds."""
-    query = {
-        "deployments": {"name": {"any_": ["steprl"]}},
-        "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}},
-    }
+def _stop_deployment(pid: int | None, grace: float) -> None:
+    """SIGTERM to the runner's flow runs first (each stops its `dvc exp run` and reports itself
+    crashed to both servers before it exits), then to the runner and what is left below it; each
+    step up to ``grace`` seconds. Not multiprocessing's resource tracker: it ignores SIGTERM and
+    exits with its parent."""
     with contextlib.suppress(psutil.Error, ValueError):  # ValueError: no pid (it never started)
         runner = psutil.Process(pid or -1)
         print(f"{time.strftime('%H:%M:%S')} stopping deployment first (pid {pid})", flush=True)
-        # not multiprocessing's resource tracker: it ignores SIGTERM and exits with its parent
         _terminate([p for p in runner.children() if "resource_tracker" not in _cmdline(p)], grace)
-        end = time.monotonic() + grace
-        while get_json(f"{ep.prefect_url}/api/flow_runs/filter", query)[1] and time.monotonic() < end:
-            time.sleep(0.5)
         _terminate([runner, *runner.children(recursive=True)], grace)
 
 
@@ -272,17 +260,6 @@ def status(ep: Endpoints, state_path: Path | None = None) -> int:
     return 0 if got["mlflow"][0] == 200 and what.startswith("READY") else 1
 
 
-def stop(state_path: Path | None = None, timeout: float = 60.0) -> int:
-    """SIGTERM to a running `start` (it stops its services); 1 if it is still running after ``timeout``."""
-    if not (state := running(state_path)):
-        print("`make serve` is not running")
-        return 0
-    _terminate([proc := psutil.Process(state["pid"])], timeout)
-    alive = proc.is_running()
-    print(f"pid {proc.pid} is still running after {timeout:.0f} s" if alive else f"stopped (pid {proc.pid})")
-    return int(alive)
-
-
 def _cron(text: str) -> str:  # Prefect's own checks of a schedule, before anything starts
     from prefect.client.schemas.schedules import CronSchedule
 
@@ -308,7 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     for p in (st, sub.add_parser("status", help="URLs and whether each answers"), sub.add_parser("env")):
         p.add_argument("--prefect-port", type=_port, help="default: the running `start`'s, else 4200")
         p.add_argument("--mlflow-port", type=_port, help="default: the running `start`'s, else 5000")
-    sub.add_parser("stop", help="stop a running `start`")
     when = st.add_mutually_exclusive_group()
     when.add_argument("--cron", type=_cron, help='a schedule, e.g. "0 3 * * *"')
     when.add_argument("--interval", type=_interval, help="a schedule: every that many seconds")
@@ -316,8 +292,6 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the services")
     args = vars(parser.parse_args(argv))
     command, state = args.pop("command"), running() or {}
-    if command == "stop":
-        return stop()
     ports = Endpoints._field_defaults.items()  # the flag, else the running start's, else the default
     ep = Endpoints(*(args.pop(k) or (command != "start" and state.get(k)) or d for k, d in ports))
     if command == "env":
