@@ -64,24 +64,24 @@ def _device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _resolve(dtype: str, what: str, choices: tuple[str, ...], native: str) -> str:
+    """``auto`` -> ``native`` where this machine has bf16, else the fp32 choice (the first); any other
+    value as it is, if it is one of ``choices``."""
+    if dtype == "auto":
+        return native if has_bf16(_device_type()) else choices[0]
+    if dtype not in choices:
+        raise ValueError(f"{what} dtype {dtype!r}: expected one of {', '.join(choices)}, auto")
+    return dtype
+
+
 def resolve_train_dtype(dtype: str) -> TrainDtype:
     """``auto`` -> ``amp_bf16`` or ``fp32`` for this machine; any other value as it is."""
-    if dtype == "auto":
-        return "amp_bf16" if has_bf16(_device_type()) else "fp32"
-    if dtype not in get_args(TrainDtype):
-        raise ValueError(f"training dtype {dtype!r}: expected one of {', '.join(get_args(TrainDtype))}, auto")
-    return dtype  # type: ignore[return-value]
+    return _resolve(dtype, "training", get_args(TrainDtype), "amp_bf16")  # type: ignore[return-value]
 
 
 def resolve_rollout_dtype(dtype: str) -> RolloutDtype:
     """``auto`` -> ``bfloat16`` or ``float32`` for this machine; any other value as it is."""
-    if dtype == "auto":
-        return "bfloat16" if has_bf16(_device_type()) else "float32"
-    if dtype not in get_args(RolloutDtype):
-        raise ValueError(
-            f"rollout dtype {dtype!r}: expected one of {', '.join(get_args(RolloutDtype))}, auto"
-        )
-    return dtype  # type: ignore[return-value]
+    return _resolve(dtype, "rollout", get_args(RolloutDtype), "bfloat16")  # type: ignore[return-value]
 
 
 def autocast(dtype: str, device_type: str = "cpu") -> contextlib.AbstractContextManager:

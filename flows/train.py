@@ -207,8 +207,8 @@ def sync(name: str) -> None:
 def validate(name: str, k: int, params: Params) -> dict:
     spec = get_task(params.task)
     r = params.rollout
-    rows = pl.read_parquet(processed(params.task) / "val.parquet").head(params.train.val_samples).to_dicts()
     data_dir = processed(params.task)
+    rows = pl.read_parquet(data_dir / "val.parquet").head(params.train.val_samples).to_dicts()
     episodes = [
         Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row, data_dir=data_dir), row)
         for row in rows
