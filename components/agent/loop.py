@@ -148,7 +148,7 @@ def _advance(ep: Episode, gen, renderer: ChatRenderer, turn: int, last_turn: boo
         gen.logprobs,
         reward=out.reward,
         done=ep.done,
-        truncated=ep.done and not out.done,
+        truncated=(ep.done and not out.done) or bool(out.truncated),
         action=action,
         feedback=feedback,
         info=out.info,

@@ -62,6 +62,7 @@ class StepOutcome:
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
+    truncated: bool = False  # the env itself cut the episode (e.g. a time limit), not a natural end
 
 
 class AgentEnv(ABC):

@@ -17,7 +17,9 @@ task directly. A recipe holds functions and its params model only:
   naming the key, file, row or column. Called through :meth:`TaskRecipe.prepare`.
 - ``make_env(row=None, *, malformed_penalty=0.0, data_dir=None)``: a fresh environment (tools looked
   up by name in ``components.envs.TOOLS``); the flows pass ``data_dir`` (the prepare output);
-  ``tools()``: the tools' OpenAI schemas; ``reward(final_text, answer)``;
+  ``tools()``: the tools' OpenAI schemas ([] for a task without tools, e.g. one whose actions are
+  text); ``reward(final_text, answer)`` (optional: the outcome reward of a final answer, for tasks
+  that end on one; an environment such as sokoban's rewards each step itself);
   ``initial_messages(row)``: [system, user]; ``expert_messages(row)``: the expert's messages after the
   user prompt; ``demonstrations(row)``: every demonstration SFT imitates (the expert's first).
 - ``episode_metrics(steps) -> {name: float}`` (optional): task metrics of finished episodes, ``steps``
@@ -66,11 +68,11 @@ class TaskRecipe:
     make_splits: Callable[..., dict[str, pl.DataFrame]]
     make_env: Callable[..., AgentEnv]
     tools: Callable[[], list[dict[str, Any]]]
-    reward: Callable[[str, str], float]
     initial_messages: Callable[[Mapping[str, Any]], list[dict[str, Any]]]
     expert_messages: Callable[[Mapping[str, Any]], list[dict[str, Any]]]
     demonstrations: Callable[[Mapping[str, Any]], list[list[dict[str, Any]]]]
     episode_metrics: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None
+    reward: Callable[[str, str], float] | None = None
 
     def params(self, section: Mapping[str, Any] | TaskParams | None = None) -> TaskParams:
         """The validated params section (a mapping, an instance, or None for the defaults).

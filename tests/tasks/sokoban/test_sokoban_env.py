@@ -1,0 +1,165 @@
+"""The sokoban environment through GymTextEnv: rewards, invalid actions, hostile replies, demonstrations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.tasks.sokoban import initial_messages, make_env, parse_action
+from components.tasks.sokoban.generator import make_splits, weak_moves
+from components.tasks.sokoban.metrics import episode_metrics
+from components.tasks.sokoban.params import SokobanParams
+
+ROW = {"id": "r0", "question": "P X _ O", "level": "#######\n#@$ .##\n#######", "answer": "right right"}
+
+
+def act(name: str) -> str:
+    return f"<action>{name}</action>"
+
+
+def test_rewards_follow_ragen():
+    env = make_env()
+    env.reset(ROW)
+    out = env.step(act("right"))  # box one step closer: just the step penalty
+    assert out.reward == pytest.approx(-0.1) and not out.done and not out.info["correct"]
+    assert out.messages == [{"role": "user", "content": "_ P X O"}]
+    out = env.step(act("right"))  # box on target, all boxes placed: -0.1 + 1 + 10
+    assert out.reward == pytest.approx(10.9) and out.done and out.info["correct"] and not out.truncated
+    assert json.loads(out.info["task_metrics"]) == {
+        "boxes_on_target": 1.0,
+        "success": 1.0,
+        "invalid_action": 0.0,
+    }
+
+
+def test_box_off_target_is_penalised():
+    env = make_env()
+    env.reset({**ROW, "level": "#######\n#@*  #\n#######"})
+    out = env.step(act("right"))
+    assert out.reward == pytest.approx(-0.1 - 1.0) and not out.done
+
+
+def test_invalid_action_is_feedback_without_a_move():
+    env = make_env(malformed_penalty=-0.5)
+    env.reset(ROW)
+    key = env.state_key()
+    out = env.step("I will go right")
+    assert not out.done and out.info["invalid_action"] and out.info["format_error"]
+    assert out.reward == pytest.approx(-0.1 - 0.5)
+    assert out.messages[0]["content"].startswith("Invalid action: reply with one of <action>up</action>")
+    assert out.messages[0]["content"].endswith("\nP X _ O")
+    assert env.state_key() == key  # nothing moved
+
+
+def test_state_key_follows_the_state():
+    env = make_env()
+    env.reset(ROW)
+    k0 = env.state_key()
+    env.step(act("left"))  # into the wall: no move, same state
+    assert env.state_key() == k0
+    env.step(act("right"))
+    assert env.state_key() != k0
+
+
+HOSTILE = [
+    "",
+    " ",
+    "<action></action>",
+    "<action>UP</action><action>down</action>",
+    "<action>jump</action>",
+    "<action>" + "u" * 10_000 + "</action>",
+    "<action>up",
+    "up</action>",
+    "<ACTION>up</ACTION>",
+    "\x00\ud800<action>\u202eup</action>",
+    "<action>__import__('os').system('echo pwned')</action>",
+    "{" * 5000,
+    "<action>" * 3000,
+    "x" * 1_000_000,
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_replies_never_raise(text):
+    env = make_env()
+    env.reset(ROW)
+    out = env.step(text)
+    assert not out.done and out.info["invalid_action"]
+    assert out.messages[0]["content"].startswith("Invalid action:") and len(out.messages[0]["content"]) < 400
+
+
+@pytest.mark.parametrize(
+    ("text", "index"), [(act("up"), 0), (act(" Down "), 1), ("go <action>left</action>", 2)]
+)
+def test_parse_action_accepts_one_tagged_move(text, index):
+    assert parse_action(text) == index
+
+
+def test_step_before_reset_and_after_done_raise_for_the_caller():
+    env = make_env()
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step(act("up"))
+    env.reset(ROW)
+    env.step(act("right"))
+    env.step(act("right"))
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step(act("up"))
+
+
+def test_demonstrations_replay_in_the_environment(tmp_path):
+    p = SokobanParams(weak_per_question=2.0)
+    splits = make_splits(p, seed=1, n_train=30, n_val=5, n_test=5, data_dir=tmp_path)
+    assert json.loads((tmp_path / "env.json").read_text())["success_reward"] == 10.0
+    ids = [r for s in splits.values() for r in s["level"].to_list()]
+    assert len(ids) == len(set(ids)) == 40  # no level in two splits
+    n_weak = 0
+    for row in splits["train"].to_dicts():
+        demos = [json.loads(row["expert"]), *json.loads(row["weak"] or "[]")]
+        n_weak += len(demos) - 1
+        assert len(demos[0]) == 2 * row["n_calls"] - 1
+        for demo in demos:
+            env = make_env(data_dir=tmp_path)
+            assert env.reset(row) == initial_messages(row)
+            for i, m in enumerate(demo):
+                if m["role"] != "assistant":
+                    continue
+                out = env.step(m["content"])
+                if i + 1 < len(demo):
+                    assert out.messages[0]["content"] == demo[i + 1]["content"] and not out.done
+            assert out.done and out.info["correct"]
+    assert n_weak >= 40  # two per level on average, nearly all of them solved
+
+
+def test_weak_player_with_epsilon_zero_is_the_expert():
+    import random
+
+    from components.tasks.sokoban.level import parse_xsb, solve
+
+    level, start = parse_xsb("#######\n#@$ . #\n#     #\n#######")
+    assert weak_moves(random.Random(0), level, start, epsilon=0.0, limit=10) == solve(level, start)
+    assert weak_moves(random.Random(0), level, start, epsilon=0.0, limit=1) is None  # out of moves
+
+
+def test_episode_metrics_by_hand():
+    def step(traj, k, reward, correct=False, boxes=0.0, invalid=0.0):
+        tm = json.dumps({"boxes_on_target": boxes, "success": float(correct), "invalid_action": invalid})
+        return {"traj_id": traj, "step": k, "reward": reward, "correct": correct, "task_metrics": tm}
+
+    steps = [
+        step("a", 0, -0.1),
+        step("a", 1, 10.9, correct=True, boxes=1.0),
+        step("b", 0, -0.1, invalid=1.0),
+        step("b", 1, -0.1),
+        step("b", 2, -1.1),
+    ]
+    m = episode_metrics(steps)
+    assert m == pytest.approx(
+        {
+            "success_rate": 0.5,
+            "steps_to_solve": 2.0,
+            "invalid_action_rate": 0.2,
+            "boxes_on_target": 0.5,
+            "return": (10.8 + -1.3) / 2,
+        }
+    )
