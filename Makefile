@@ -20,9 +20,10 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# The whole pipeline on the embedded default (params.yaml).
+# The whole pipeline on the embedded default (params.yaml); PROFILE=<name> runs `dvc exp run` with the
+# overrides of params.yaml's profiles.<name> instead (e.g. PROFILE=sokoban).
 repro: setup
-	python -m flows.repro
+	python -m flows.repro $(if $(PROFILE),--profile $(PROFILE))
 
 # Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first.
 lint: setup

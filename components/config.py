@@ -14,6 +14,7 @@ This module validates a mapping; it does not decide which file to read (the flow
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,7 @@ from pydantic import (
 
 from components.registry import Registry, UnknownNameError
 
-__all__ = ["ConfigError", "Params", "import_plugins", "load_params", "parse_params"]
+__all__ = ["ConfigError", "Params", "apply_overrides", "import_plugins", "load_params", "parse_params"]
 
 
 class ConfigError(ValueError):
@@ -348,6 +349,11 @@ class Params(Section):
     )
     compare: CompareParams = CompareParams()
     mlflow: MLflowParams = MLflowParams()
+    # Named sets of overrides (dotted key -> value) for a run that needs several keys changed at once,
+    # e.g. a task with longer episodes. `python -m flows.repro --profile <name>` runs `dvc exp run` with
+    # one `-S key=value` per entry; no stage reads them. Their keys are checked at load, their values
+    # when the profile is applied.
+    profiles: dict[str, dict[str, Any]] = {}
 
     _task_known = field_validator("task")(_known("task"))
 
@@ -398,10 +404,14 @@ class Params(Section):
     def _episodes_fit_max_steps(self) -> Params:
         need = self.task_params.turns_needed()
         if need is not None and self.rollout.max_steps < need:
+            hint = ""
+            if any(p.get("task") == self.task for p in self.profiles.values()):
+                name = next(n for n, p in self.profiles.items() if p.get("task") == self.task)
+                hint = f"; profiles.{name} has settings for this task: python -m flows.repro --profile {name}"
             raise ValueError(
                 f"rollout.max_steps={self.rollout.max_steps} < {need}, the agent turns the longest "
-                f"{self.task} problem of tasks.{self.task} needs (its tool calls and the answer): "
-                "raise rollout.max_steps or lower the task's hops/calls"
+                f"{self.task} problem of tasks.{self.task} needs: raise rollout.max_steps or lower "
+                f"the task's difficulty{hint}"
             )
         return self
 
@@ -456,6 +466,48 @@ class Params(Section):
         return self
 
 
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> dict[str, Any]:
+    """A deep copy of ``raw`` with dotted keys set (e.g. {"sft.lr": 1e-3}); a parent that is not a
+    section is an error naming the key."""
+    raw = copy.deepcopy(raw)
+    for dotted, value in overrides.items():
+        node = raw
+        *parents, leaf = str(dotted).split(".")
+        for i, p in enumerate(parents):
+            if node.get(p) is None:  # absent, or an empty section (`sft:` with every key commented out)
+                node[p] = {}
+            node = node[p]
+            if not isinstance(node, dict):
+                where = ".".join(parents[: i + 1])
+                raise ConfigError(f"{source}: override {dotted}: {where} is {node!r}, not a section")
+        node[leaf] = value
+    return raw
+
+
+def _check_profiles(raw: dict[str, Any], source: str) -> None:
+    """Every key of every profile names a params field (``tasks.<name>.*`` and ``algorithms.<name>.*``
+    are checked once applied); the values are validated when a profile is applied
+    (``load_params(path, overrides=profile)``), since they are only meant to hold together with it."""
+    profiles = raw.get("profiles") or {}
+    for name, overrides in profiles.items():  # each a mapping: the field's type was checked
+        for key in overrides:
+            if not _known_path(str(key)):
+                raise ConfigError(f"{source}: profiles.{name}: {key!r} is not a params key")
+
+
+def _known_path(dotted: str) -> bool:
+    """Whether a dotted key names a field of Params (anything inside a free-form mapping counts)."""
+    model: Any = Params
+    for part in dotted.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return True  # inside tasks.<name> or algorithms.<name>: validated when applied
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        model = field.annotation
+    return True
+
+
 def _message(e: dict[str, Any]) -> str:
     return "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
 
@@ -496,9 +548,11 @@ def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Par
     raw = raw or {}
     import_plugins(raw, source)
     try:
-        return Params.model_validate(raw)
+        params = Params.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format(err, source)) from None
+    _check_profiles(raw, source)
+    return params
 
 
 def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
@@ -512,15 +566,4 @@ def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
-    for dotted, value in (overrides or {}).items():
-        node = raw
-        *parents, leaf = dotted.split(".")
-        for i, p in enumerate(parents):
-            if node.get(p) is None:  # absent, or an empty section (`sft:` with every key commented out)
-                node[p] = {}
-            node = node[p]
-            if not isinstance(node, dict):
-                where = ".".join(parents[: i + 1])
-                raise ConfigError(f"{path}: override {dotted}: {where} is {node!r}, not a section")
-        node[leaf] = value
-    return parse_params(raw, str(path))
+    return parse_params(apply_overrides(raw, overrides or {}, str(path)), str(path))

@@ -10,10 +10,15 @@ set (a running `make serve`), the command runs against that server and nothing i
 
     python -m flows.repro                 # dvc repro
     python -m flows.repro -- dvc repro -f sft
+    python -m flows.repro --profile sokoban [-S key=value ...]   # dvc exp run with params.yaml's profile
+
+``--profile NAME`` runs ``dvc exp run`` with one ``-S key=value`` per entry of ``profiles.NAME`` in
+params.yaml (then any further arguments, e.g. more ``-S``), after checking the profile there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -84,9 +89,32 @@ def stop_server(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
         pass
 
 
+def profile_command(name: str, extra: list[str], params: Path) -> list[str]:
+    """``dvc exp run -S key=value ...`` of ``profiles.<name>`` (values in JSON, which DVC's override
+    grammar reads), then ``extra``. Raises ConfigError naming the profile when it is unknown or invalid."""
+    from components.config import ConfigError, load_params
+
+    profiles = load_params(params).profiles
+    if name not in profiles:
+        raise ConfigError(f"{params}: profiles.{name}: no such profile (known: {sorted(profiles)})")
+    load_params(params, overrides=profiles[name])  # the params as the run will see them must be valid
+    sets = [arg for key, value in profiles[name].items() for arg in ("-S", f"{key}={json.dumps(value)}")]
+    return ["dvc", "exp", "run", *sets, *extra]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv[argv.index("--") + 1 :] if "--" in argv else ["dvc", "repro", *argv]
+    if argv[:1] == ["--profile"] and len(argv) >= 2:
+        from components.config import ConfigError
+
+        try:
+            command = profile_command(argv[1], argv[2:], REPO / "params.yaml")
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print("repro: " + " ".join(command), flush=True)
+    else:
+        command = argv[argv.index("--") + 1 :] if "--" in argv else ["dvc", "repro", *argv]
     if os.environ.get("PREFECT_API_URL"):
         return subprocess.call(command, cwd=REPO)
     port = free_port()

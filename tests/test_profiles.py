@@ -1,0 +1,58 @@
+"""params.yaml profiles: keys checked at load, values when applied, and the dvc command they become."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.config import ConfigError, load_params, parse_params
+from flows.repro import profile_command
+
+REPO = Path(__file__).resolve().parents[1]
+RAW = yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def with_profiles(profiles: dict) -> dict:
+    out = copy.deepcopy(RAW)
+    out["profiles"] = profiles
+    return out
+
+
+def test_shipped_sokoban_profile_is_valid_when_applied():
+    p = load_params(REPO / "params.yaml", overrides=RAW["profiles"]["sokoban"])
+    assert p.task == "sokoban" and p.rollout.max_steps >= p.task_params.max_moves
+    assert p.compare.algorithms == ["grpo", "ppo", "steppo", "gigpo"] and len(p.compare.seeds) >= 3
+
+
+def test_unknown_profile_key_is_named_at_load():
+    with pytest.raises(ConfigError, match=r"profiles\.x: 'rollout\.max_stepz' is not a params key"):
+        parse_params(with_profiles({"x": {"rollout.max_stepz": 3}}))
+    with pytest.raises(ConfigError, match=r"profiles\.x: Input should be a valid dictionary"):
+        parse_params(with_profiles({"x": ["task=calc"]}))
+    # keys inside free-form sections are checked when the profile is applied
+    assert parse_params(with_profiles({"x": {"tasks.sokoban.max_moves": 8}})).profiles["x"]
+
+
+def test_invalid_values_fail_when_applied(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(with_profiles({"short": {"task": "sokoban", "rollout.max_steps": 3}})))
+    with pytest.raises(ConfigError, match=r"rollout\.max_steps=3 < 10"):
+        profile_command("short", [], path)
+    with pytest.raises(ConfigError, match=r"profiles\.nope: no such profile \(known: \['short'\]\)"):
+        profile_command("nope", [], path)
+
+
+def test_profile_becomes_dvc_exp_run_with_json_values():
+    cmd = profile_command("sokoban", ["-S", "sft.steps=10"], REPO / "params.yaml")
+    assert cmd[:3] == ["dvc", "exp", "run"] and cmd[-2:] == ["-S", "sft.steps=10"]
+    sets = dict(cmd[i + 1].split("=", 1) for i in range(3, len(cmd) - 2, 2))
+    assert sets["task"] == '"sokoban"' and sets["rollout.max_steps"] == "10"
+    assert sets["compare.algorithms"] == '["grpo", "ppo", "steppo", "gigpo"]'
+
+
+def test_missing_task_settings_point_at_the_profile():
+    with pytest.raises(ConfigError, match=r"python -m flows\.repro --profile sokoban"):
+        load_params(REPO / "params.yaml", overrides={"task": "sokoban"})
