@@ -33,6 +33,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components.agent.loop import Episode, episode_metrics
+from components.algos import get_advantage_estimator
 from components.config import CompareParams, Params
 from components.envs import get_task
 from components.io import write_json, write_parquet, write_text
@@ -40,7 +41,7 @@ from components.marker import MARKER_FILE as MARKER
 from components.model.tiny import is_complete_checkpoint, save_hf
 from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
-from components.train.advantage import compute_advantages
+from components.train.advantage import anchor_group_stats, compute_advantages
 from components.train.rl_session import RLSession, SessionConfig, prune
 from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
@@ -124,6 +125,7 @@ def rollout(algo: str, name: str, k: int, policy: str, train_split: str, params:
         max_steps=r.max_steps,
         max_prompt_len=r.max_prompt_len,
         max_response_len=r.max_response_len,
+        context_window=r.context_window,
         temperature=t.temperature,
         seed=params.seed * 7919 + k,
         desc=f"{name} rollout {k}",
@@ -218,6 +220,7 @@ def validate(name: str, k: int, params: Params) -> dict:
         max_steps=r.max_steps,
         max_prompt_len=r.max_prompt_len,
         max_response_len=r.max_response_len,
+        context_window=r.context_window,
         temperature=0.0,
         seed=params.seed,
         desc=f"{name} validate {k}",
@@ -396,6 +399,9 @@ def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
     sync(name)
     timing["sync"] = time.perf_counter() - t1
     metrics = iteration_metrics(pl.read_parquet(batch), out["metrics"])
+    if get_advantage_estimator(resolved(params, algo)["estimator"]).needs_obs_index:
+        rows = pl.read_parquet(batch).select(pl.exclude("prompt_ids", "response_ids")).to_dicts()
+        metrics.update({f"gigpo/{key}": v for key, v in anchor_group_stats(rows).items()})
     task_metrics = get_task(params.task).task_metrics(pl.read_parquet(rollouts).to_dicts())
     metrics.update({f"task/{key}": v for key, v in task_metrics.items()})  # the task's own (recipe hook)
     last = k == t.iterations - 1
