@@ -33,7 +33,6 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components.agent.loop import Episode, episode_metrics
-from components.algos import get_advantage_estimator
 from components.config import CompareParams, Params
 from components.envs import get_task
 from components.io import write_json, write_parquet, write_text
@@ -41,14 +40,14 @@ from components.marker import MARKER_FILE as MARKER
 from components.model.tiny import is_complete_checkpoint, save_hf
 from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
-from components.train.advantage import anchor_group_stats, compute_advantages
+from components.train.advantage import compute_advantages
 from components.train.rl_session import RLSession, SessionConfig, prune
 from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
-from flows.train_metrics import iteration_metrics
+from flows.train_metrics import anchor_metrics, iteration_metrics
 
 SFT = REPO / "models" / "sft"
 KEEP_CHECKPOINTS = 2
@@ -398,10 +397,9 @@ def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
     t1 = time.perf_counter()
     sync(name)
     timing["sync"] = time.perf_counter() - t1
-    metrics = iteration_metrics(pl.read_parquet(batch), out["metrics"])
-    if get_advantage_estimator(resolved(params, algo)["estimator"]).needs_obs_index:
-        rows = pl.read_parquet(batch).select(pl.exclude("prompt_ids", "response_ids")).to_dicts()
-        metrics.update({f"gigpo/{key}": v for key, v in anchor_group_stats(rows).items()})
+    batch_df = pl.read_parquet(batch)
+    metrics = iteration_metrics(batch_df, out["metrics"])
+    metrics.update(anchor_metrics(batch_df, resolved(params, algo)["estimator"]))  # gigpo/* (gigpo only)
     task_metrics = get_task(params.task).task_metrics(pl.read_parquet(rollouts).to_dicts())
     metrics.update({f"task/{key}": v for key, v in task_metrics.items()})  # the task's own (recipe hook)
     last = k == t.iterations - 1
