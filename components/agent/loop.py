@@ -36,7 +36,7 @@ class Episode:
     row: Mapping[str, Any]
     context: list[int] = field(default_factory=list)
     first: list[int] = field(default_factory=list)  # the first observation's ids
-    segments: list[list[int]] = field(default_factory=list)  # per turn: response ids + observation ids
+    segments: list[list[int]] = field(default_factory=list)  # window: the last turns (response + obs ids)
     steps: list[dict] = field(default_factory=list)
     done: bool = False
 
@@ -183,11 +183,11 @@ def _advance(
     )
     if not ep.done:
         segment = list(gen.token_ids) + renderer.observation(out.messages)
-        ep.segments.append(segment)
         if window is None:
             ep.context = ep.context + segment
         else:
-            ep.context = ep.first + [t for seg in ep.segments[-window:] for t in seg]
+            ep.segments = (ep.segments + [segment])[-window:]
+            ep.context = ep.first + [t for seg in ep.segments for t in seg]
 
 
 def _end_overlong(ep: Episode, turn: int) -> None:
