@@ -158,6 +158,9 @@ class RolloutParams(Section):
     max_prompt_len: int = Field(512, ge=16)
     # Most new tokens per step; a cut response is recorded as truncated.
     max_response_len: int = Field(64, ge=1)
+    # Past turns a prompt keeps after the first observation (system + first user message): each turn is
+    # its exact response and observation ids. None = the whole history.
+    context_window: int | None = Field(None, ge=1)
     # KV cache size for the vLLM CPU backend, GiB.
     kv_cache_gib: float = Field(1.0, gt=0)
 

@@ -44,6 +44,9 @@ class StepSchema(pa.DataFrameModel):
     traj_id: str
     group_id: str
     step: int = pa.Field(ge=0)
+    # The environment's state key before this step's action (AgentEnv.state_key; "" = none): gigpo's
+    # step groups are the steps of one prompt group with equal keys.
+    obs_key: str
     prompt_ids: list[int]
     response_ids: list[int]
     response_logprobs: list[float]

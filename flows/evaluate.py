@@ -81,6 +81,7 @@ def play(
             max_steps=r.max_steps,
             max_prompt_len=r.max_prompt_len,
             max_response_len=r.max_response_len,
+            context_window=r.context_window,
             temperature=temperature,
             seed=params.seed,
             desc=desc,

@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from components.config import Params
 from components.envs import get_task
 from components.io import write_json, write_text
-from components.model.sft_data import collate, encode_conversation
+from components.model.sft_data import collate, encode_conversation, encode_turns
 from components.model.tiny import is_complete_checkpoint, load_hf
 from components.plots import line_chart
 from components.train.checkpoint import save_checkpoint
@@ -35,18 +35,24 @@ LOG_BATCH = 500  # metrics per MLflow write (its batch limit is 1,000)
 def encode_examples(params: Params, tokenizer) -> tuple[list, int]:
     spec = get_task(params.task)
     rows = pl.read_parquet(processed(params.task) / "train.parquet").to_dicts()[: params.sft.rows]
+    window = params.rollout.context_window  # None: one example per conversation, whole history
     examples, dropped = [], 0
     for row in rows:
         if not row["expert"]:
             continue
         for demo in spec.demonstrations(row):
-            ex = encode_conversation(
-                tokenizer, spec.initial_messages(row) + demo, spec.tools(), params.sft.max_len
-            )
-            if ex is None:
-                dropped += 1
-            else:
-                examples.append(ex)
+            messages = spec.initial_messages(row) + demo
+            if window is None:
+                encoded = [encode_conversation(tokenizer, messages, spec.tools(), params.sft.max_len)]
+            else:  # one example per assistant turn, on the context the agent loop would show
+                encoded = encode_turns(
+                    tokenizer, messages, spec.tools(), params.sft.max_len, context_window=window
+                )
+            for ex in encoded:
+                if ex is None:
+                    dropped += 1
+                else:
+                    examples.append(ex)
     if not examples:
         raise StageError(f"sft: no expert trajectory fits sft.max_len={params.sft.max_len}")
     return examples, dropped
@@ -75,9 +81,8 @@ def train(params: Params) -> list[dict]:
     model, tokenizer = load_hf(BASE, dtype=torch.float32)
     examples, dropped = encode_examples(params, tokenizer)
     s = params.sft
-    print(
-        f"sft: {len(examples)} demonstrations, expert and weaker ({dropped} longer than sft.max_len dropped)"
-    )
+    what = "demonstrations" if params.rollout.context_window is None else "assistant turns of demonstrations"
+    print(f"sft: {len(examples)} {what}, expert and weaker ({dropped} longer than sft.max_len dropped)")
     engine = build_engine(
         model,
         lr=s.lr,
@@ -118,7 +123,8 @@ def train(params: Params) -> list[dict]:
 
 @flow(name="sft", log_prints=True)
 def sft_flow(params: Params) -> dict:
-    with mlflow_run(params, "sft", ["deepspeed", "sft"]):
+    window = {"rollout.context_window": params.rollout.context_window}
+    with mlflow_run(params, "sft", ["deepspeed", "sft"], extra_params=window):
         import mlflow
 
         history = train(params)

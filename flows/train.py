@@ -47,7 +47,7 @@ from flows._cache import content_key, file_digest, source_digest
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
-from flows.train_metrics import iteration_metrics
+from flows.train_metrics import anchor_metrics, iteration_metrics
 
 SFT = REPO / "models" / "sft"
 KEEP_CHECKPOINTS = 2
@@ -124,6 +124,7 @@ def rollout(algo: str, name: str, k: int, policy: str, train_split: str, params:
         max_steps=r.max_steps,
         max_prompt_len=r.max_prompt_len,
         max_response_len=r.max_response_len,
+        context_window=r.context_window,
         temperature=t.temperature,
         seed=params.seed * 7919 + k,
         desc=f"{name} rollout {k}",
@@ -218,6 +219,7 @@ def validate(name: str, k: int, params: Params) -> dict:
         max_steps=r.max_steps,
         max_prompt_len=r.max_prompt_len,
         max_response_len=r.max_response_len,
+        context_window=r.context_window,
         temperature=0.0,
         seed=params.seed,
         desc=f"{name} validate {k}",
@@ -395,7 +397,9 @@ def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
     t1 = time.perf_counter()
     sync(name)
     timing["sync"] = time.perf_counter() - t1
-    metrics = iteration_metrics(pl.read_parquet(batch), out["metrics"])
+    batch_df = pl.read_parquet(batch)
+    metrics = iteration_metrics(batch_df, out["metrics"])
+    metrics.update(anchor_metrics(batch_df, resolved(params, algo)["estimator"]))  # gigpo/* (gigpo only)
     task_metrics = get_task(params.task).task_metrics(pl.read_parquet(rollouts).to_dicts())
     metrics.update({f"task/{key}": v for key, v in task_metrics.items()})  # the task's own (recipe hook)
     last = k == t.iterations - 1

@@ -4,11 +4,18 @@ Tool use, with the same definitions as ``components.agent.loop.episode_metrics``
 ``tool_calls/per_step`` (= tool_calls_per_step), ``tool_calls/per_trajectory`` (=
 tool_calls_per_episode), ``tool_calls/answer_without_tool_rate`` (= answer_without_tool_rate),
 ``num_steps/mean`` (= mean_turns). ``format_error/rate`` is per step like format_error_rate.
+
+For estimators that group steps by state (``gigpo``), :func:`anchor_metrics` adds
+``gigpo/anchor_groups``, ``gigpo/anchor_group_size`` and ``gigpo/anchored_step_frac``
+(``components.train.advantage.anchor_group_stats``).
 """
 
 from __future__ import annotations
 
 import polars as pl
+
+from components.algos import get_advantage_estimator
+from components.train.advantage import anchor_group_stats
 
 
 def _explained_var(returns: list[float], values: list[float]) -> float:
@@ -70,3 +77,13 @@ def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str
         m["critic/vf_explained_var"] = _explained_var([p[0] for p in pairs], [p[1] for p in pairs])
     m.update(update)
     return {k: float(v) for k, v in m.items() if v is not None}
+
+
+def anchor_metrics(batch: pl.DataFrame, estimator: str) -> dict[str, float]:
+    """``gigpo/*``: the anchor-state step groups of the batch (step groups with >= 2 steps: how many,
+    their mean size, the fraction of step rows in one), for estimators that group steps by state
+    (``needs_obs_index``); nothing for the others."""
+    if not get_advantage_estimator(estimator).needs_obs_index:
+        return {}
+    rows = batch.select(c for c in ("group_id", "step", "obs_key") if c in batch.columns).to_dicts()
+    return {f"gigpo/{k}": float(v) for k, v in anchor_group_stats(rows).items()}

@@ -158,6 +158,9 @@ def test_unknown_key_names_its_full_path():
         ("tasks.calc.max_callz", 2, ["tasks.calc.max_callz", "unknown key"]),
         ("prepare.max_calls", 2, ["prepare.max_calls", "unknown key"]),
         ("rollout.engine", "tgi", ["rollout.engine", "'tgi'", "vllm"]),
+        ("rollout.context_window", 0, ["rollout.context_window", "0", "greater than or equal to 1"]),
+        ("rollout.context_window", -3, ["rollout.context_window", "-3", "greater than or equal to 1"]),
+        ("rollout.context_window", 1.5, ["rollout.context_window", "1.5"]),
         ("train.gamma", 1.5, ["train.gamma", "1.5"]),
         ("evaluate.max_samples", 0, ["evaluate.max_samples", "0"]),
         ("algorithms.grpo.preset", "dpo", ["algorithms.grpo.preset", "'dpo'"]),
@@ -444,3 +447,9 @@ def test_a_plugin_task_registers_itself_and_owns_its_section():
     from components.envs import TOOLS
 
     assert "shout" in TOOLS  # its tool, registered by name
+
+
+def test_context_window_defaults_to_the_whole_history_and_takes_a_turn_count():
+    assert load_params(PARAMS).rollout.context_window is None
+    assert parse_params(raw(**{"rollout.context_window": 3})).rollout.context_window == 3
+    assert parse_params(raw(**{"rollout.context_window": 1})).rollout.context_window == 1

@@ -25,6 +25,7 @@ def step_df(**overrides) -> pl.DataFrame:
         "traj_id": ["t0", "t0", "t1"],
         "group_id": ["g0", "g0", "g0"],
         "step": [0, 1, 0],
+        "obs_key": ["s0", "s1", ""],
         "prompt_ids": [[1, 2, 3], [1, 2, 3, 4, 5], [1, 2]],
         "response_ids": [[4, 5], [6], []],
         "response_logprobs": [[-0.5, -0.1], [-2.0], []],
@@ -137,6 +138,8 @@ def test_step_schema_rejects_bad_rows(overrides, message):
 def test_step_schema_missing_columns():
     with pytest.raises(ValueError, match=r"missing column\(s\) \['response_logprobs', 'feedback'\]"):
         validate_table(step_df().drop("response_logprobs", "feedback"), StepSchema, "r")
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['obs_key'\]"):
+        validate_table(step_df().drop("obs_key"), StepSchema, "r")
 
 
 # --- ProblemSchema (per-problem evaluation results) ---------------------------------------------------

@@ -4,6 +4,12 @@ At each turn, ONE generate call covers every still-active episode; then each env
 its action. The context of the next step is the exact previous context + the sampled response ids +
 the rendered observation ids, so ``prompt_ids``/``response_ids`` are what the model saw and sampled.
 
+With ``context_window`` k, the context of step t is the first observation's ids (system + first user
+message, rendered) followed by the token segments of the last k turns, a segment being that turn's
+sampled response ids + the rendered observation ids that followed it: still exact ids, never
+re-encoded. ``None`` keeps the whole history. Each record also holds ``obs_key``, the environment's
+``state_key()`` before the step's action ("" when it gives None), which ``gigpo`` groups steps by.
+
 An episode ends when its environment says done, at ``max_steps`` turns (``truncated``), when a
 response is cut at ``max_response_len`` (``truncated``, reward 0, the cut action is not executed), or
 when its context would exceed ``max_prompt_len`` (the last recorded step is marked ``truncated``).
@@ -29,6 +35,8 @@ class Episode:
     env: Any  # an AgentEnv
     row: Mapping[str, Any]
     context: list[int] = field(default_factory=list)
+    first: list[int] = field(default_factory=list)  # the first observation's ids
+    segments: list[list[int]] = field(default_factory=list)  # window: the last turns (response + obs ids)
     steps: list[dict] = field(default_factory=list)
     done: bool = False
 
@@ -50,10 +58,17 @@ def run_episodes(
     top_p: float = 1.0,
     seed: int = 0,
     desc: str = "rollout",
+    context_window: int | None = None,
 ) -> list[dict]:
-    """Play every episode to its end; return the step records of all episodes, in episode order."""
+    """Play every episode to its end; return the step records of all episodes, in episode order.
+
+    ``context_window``: the number of past turns a prompt keeps after the first observation (None: all).
+    """
+    if context_window is not None and context_window < 1:
+        raise ValueError(f"context_window must be >= 1 or None, got {context_window}")
     for ep in episodes:
-        ep.context = renderer.prompt(ep.env.reset(ep.row))
+        ep.first = renderer.prompt(ep.env.reset(ep.row))
+        ep.context, ep.segments = list(ep.first), []
     bar = tqdm(total=len(episodes), desc=desc, unit="episode", leave=False)
     for turn in range(max_steps):
         active = [ep for ep in episodes if not ep.done]
@@ -74,7 +89,7 @@ def run_episodes(
             seeds=[episode_seed(seed, ep.traj_id, turn) for ep in active],
         )
         for ep, (gen,) in zip(active, gens):
-            _advance(ep, gen, renderer, turn, last_turn=turn == max_steps - 1)
+            _advance(ep, gen, renderer, turn, last_turn=turn == max_steps - 1, window=context_window)
         bar.update(sum(ep.done for ep in active))
         bar.set_postfix(turn=turn + 1, active=sum(not ep.done for ep in episodes))
     bar.close()
@@ -94,12 +109,14 @@ def _record(
     action: str,
     feedback: str,
     info: Mapping[str, Any],
+    obs_key: str,
 ) -> None:
     ep.steps.append(
         {
             "traj_id": ep.traj_id,
             "group_id": ep.group_id,
             "step": turn,
+            "obs_key": obs_key,
             "prompt_ids": list(prompt),
             "response_ids": list(ids),
             "response_logprobs": [float(x) for x in logprobs],
@@ -119,8 +136,17 @@ def _record(
     )
 
 
-def _advance(ep: Episode, gen, renderer: ChatRenderer, turn: int, last_turn: bool) -> None:
+def _state_key(env: Any) -> str:
+    """The env's ``state_key()`` as a string ("" when it has none)."""
+    key = env.state_key() if hasattr(env, "state_key") else None
+    return "" if key is None else str(key)
+
+
+def _advance(
+    ep: Episode, gen, renderer: ChatRenderer, turn: int, last_turn: bool, window: int | None
+) -> None:
     action = renderer.decode(gen.token_ids)
+    obs_key = _state_key(ep.env)  # the state this action responds to, before the env steps
     if gen.finish_reason != "stop":
         ep.done = True
         _record(
@@ -135,6 +161,7 @@ def _advance(ep: Episode, gen, renderer: ChatRenderer, turn: int, last_turn: boo
             action=action,
             feedback=f"[response cut at {len(gen.token_ids)} tokens]",
             info={"format_error": True},
+            obs_key=obs_key,
         )
         return
     out = ep.env.step(action)
@@ -152,9 +179,15 @@ def _advance(ep: Episode, gen, renderer: ChatRenderer, turn: int, last_turn: boo
         action=action,
         feedback=feedback,
         info=out.info,
+        obs_key=obs_key,
     )
     if not ep.done:
-        ep.context = ep.context + list(gen.token_ids) + renderer.observation(out.messages)
+        segment = list(gen.token_ids) + renderer.observation(out.messages)
+        if window is None:
+            ep.context = ep.context + segment
+        else:
+            ep.segments = (ep.segments + [segment])[-window:]
+            ep.context = ep.first + [t for seg in ep.segments for t in seg]
 
 
 def _end_overlong(ep: Episode, turn: int) -> None:
@@ -175,6 +208,7 @@ def _end_overlong(ep: Episode, turn: int) -> None:
             action="",
             feedback="[prompt longer than max_prompt_len]",
             info={},
+            obs_key=_state_key(ep.env),
         )
 
 

@@ -21,6 +21,12 @@ Departures from the papers / docs/algorithms.md:
    gigpo's step term gives A_step = G_t for a step alone in its (group, observation) step group.
 2. Episode ends use V = 0 whether the trajectory finished or was truncated (as docs/algorithms.md says).
 3. Every row must have at least one response token (the reward of a step sits on its last token).
+4. gigpo's step groups are GiGPO's anchor-state groups when the environment gives state keys
+   (``AgentEnv.state_key``, the ``obs_key`` of a step row: see ``components.train.advantage``
+   ``step_group_keys``). Without them the rows of a prompt group at the same step index form a step
+   group, which is one anchor state only where equal turns mean equal states (e.g. the first turn).
+   G_t is the paper's discounted step return sum_k gamma^k r_{t+k} (gamma = ``train.gamma``; the paper
+   uses 0.95), normalised by the step group's std as in its main variant.
 """
 
 from __future__ import annotations
@@ -316,7 +322,11 @@ def step_gae(b: StepBatch) -> AdvantageOutput:
 @_estimator("gigpo", needs_groups=True, needs_obs_index=True)
 def gigpo(b: StepBatch) -> AdvantageOutput:
     """GiGPO: A = A_episode (grpo formula) + w * A_step, where A_step normalises the discounted step
-    return G_t within the step group of rows sharing (prompt group, observation)."""
+    return G_t within the step group of rows sharing (prompt group, observation).
+
+    ``obs_index`` ids are paired with the prompt group here, so the same id in two prompt groups never
+    joins their steps; rows of one prompt group with equal ids form one step group whatever their
+    trajectory or step index (a state revisited within a trajectory included)."""
     S, mean, std, _ = _episode_scores(b)
     a_episode = ((S - mean) / (std + GROUP_STD_EPS))[b.layout.traj]  # (B,)
     G = _discounted_step_returns(b)  # (B,)

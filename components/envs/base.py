@@ -78,6 +78,16 @@ class AgentEnv(ABC):
     def step(self, action_text: str) -> StepOutcome:
         """Apply one model response (raw text) and return what the environment says back."""
 
+    def state_key(self) -> str | None:
+        """The key of the environment's current state: the state the next action responds to.
+
+        Equal keys mean the same state. ``gigpo`` groups the steps of one prompt group that share a
+        key (its "anchor states", arXiv 2505.10978), including a state revisited within one episode.
+        The agent loop records it before each action as the step's ``obs_key``. None (the default):
+        the environment has no such key, and ``gigpo`` falls back to grouping by step index.
+        """
+        return None
+
 
 def _clean(text: str) -> str:
     # Lone surrogates (e.g. from a JSON "\ud800" escape) cannot be tokenised; replace them.

@@ -17,6 +17,13 @@ labelled when its characters overlap a span.
 
 Labels are aligned with ``input_ids`` (not shifted): HF causal LMs shift them internally.
 What it does not do: pack several conversations into one row, or truncate (too long -> ``None``).
+
+Windowed context (``rollout.context_window`` = k, :func:`encode_turns`): the agent loop then shows the
+policy, at step t, the first observation followed by the token segments of the last k turns only (a
+segment: the turn's response ids + the observation ids after it). To imitate that, every assistant
+turn becomes an example of its own whose context is built the way the loop builds it (the loop's
+``ChatRenderer`` renders the first observation and every observation) and whose labels cover that
+turn's response only. A response's ids are its span of the full rendering, tokenised on its own.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["IGNORE_INDEX", "assistant_char_spans", "collate", "encode_conversation"]
+from components.agent.render import ChatRenderer
+
+__all__ = ["IGNORE_INDEX", "assistant_char_spans", "collate", "encode_conversation", "encode_turns"]
 
 IGNORE_INDEX = -100
 
@@ -112,6 +121,46 @@ def encode_conversation(
         if start < e and (end > s or (start == end and start >= s)):
             labels[i] = ids[i]
     return ids, labels
+
+
+def encode_turns(
+    tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None, max_len: int, *, context_window: int
+) -> list[tuple[list[int], list[int]] | None]:
+    """One ``(input_ids, labels)`` example per assistant turn (``None`` where longer than ``max_len``).
+
+    Example i: the first observation (the messages before the first assistant turn, rendered with the
+    generation prompt) + the segments of turns max(0, i - k) .. i - 1 (k = ``context_window``; a
+    segment is a response's ids + the rendered observation that followed it) + turn i's response ids,
+    labelled; everything before them is -100. The stop token that ends a response is
+    ``tokenizer.eos_token``, as in the agent loop. Messages after the last assistant turn are ignored.
+    """
+    if not isinstance(context_window, int) or context_window < 1:
+        raise ValueError(f"context_window={context_window!r} must be an int >= 1")
+    if not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len={max_len!r} must be a positive int")
+    msgs = _check_messages(messages)
+    full, spans = assistant_char_spans(tokenizer, msgs, tools)
+    renderer = ChatRenderer(tokenizer, tools, stop_token=tokenizer.eos_token)
+    turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+    responses = []
+    for k, (start, end) in zip(turns, spans):
+        if not full[start:end].endswith(renderer.stop_token):
+            raise ValueError(
+                f"assistant messages[{k}] renders as {full[start:end][-40:]!r}, which does not end with "
+                f"the stop token {renderer.stop_token!r}"
+            )
+        responses.append(tokenizer.encode(full[start:end], add_special_tokens=False))
+    first = renderer.prompt(msgs[: turns[0]])
+    ends = turns[1:] + [len(msgs)]
+    segments = [r + renderer.observation(msgs[k + 1 : e]) for r, k, e in zip(responses, turns, ends)]
+    out: list[tuple[list[int], list[int]] | None] = []
+    for i, response in enumerate(responses):
+        context = first + [t for seg in segments[max(0, i - context_window) : i] for t in seg]
+        if len(context) + len(response) > max_len:
+            out.append(None)
+        else:
+            out.append((context + response, [IGNORE_INDEX] * len(context) + response))
+    return out
 
 
 def collate(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ unpads the results, so that ``batch.parquet`` holds exactly what the advantages 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -17,9 +17,41 @@ from components.algos.kl import kl_reward
 from components.train.policy import pad_rows
 
 
-def _index(values: Sequence[str]) -> torch.Tensor:
-    ids: dict[str, int] = {}
+def _index(values: Sequence[Hashable]) -> torch.Tensor:
+    ids: dict[Hashable, int] = {}
     return torch.tensor([ids.setdefault(v, len(ids)) for v in values], dtype=torch.long)
+
+
+def step_group_keys(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The step group of each row for estimators that group steps by state (``needs_obs_index``).
+
+    GiGPO's anchor-state groups: the steps of one prompt group (``group_id``: every trajectory sampled
+    from the same prompt) whose environment state key (``obs_key``) is equal form one group, whatever
+    the trajectory or the step index (a state revisited within one trajectory joins the group again).
+    A row with an empty or missing ``obs_key`` (an environment without state keys) falls back to its
+    step index: the steps of a prompt group at the same turn form a group. Keys of different prompt
+    groups never meet."""
+    return [
+        (str(r["group_id"]), "key", str(r["obs_key"]))
+        if r.get("obs_key")
+        else (str(r["group_id"]), "step", str(int(r["step"])))
+        for r in rows
+    ]
+
+
+def anchor_group_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """How much of a batch the step groups of :func:`step_group_keys` cover: ``anchor_groups`` (step
+    groups with >= 2 steps), ``anchor_group_size`` (their mean size; 0 without any) and
+    ``anchored_step_frac`` (the fraction of step rows in such a group)."""
+    sizes: dict[tuple[str, str, str], int] = {}
+    for k in step_group_keys(rows):
+        sizes[k] = sizes.get(k, 0) + 1
+    anchored = [n for n in sizes.values() if n >= 2]
+    return {
+        "anchor_groups": float(len(anchored)),
+        "anchor_group_size": sum(anchored) / len(anchored) if anchored else 0.0,
+        "anchored_step_frac": sum(anchored) / len(rows) if rows else 0.0,
+    }
 
 
 def compute_advantages(
@@ -34,7 +66,8 @@ def compute_advantages(
 ) -> list[dict[str, Any]]:
     """Add ``advantages`` and ``returns`` (per-token lists; for step critics ``returns`` has one value)
     and ``token_rewards`` when the KL penalty is in the reward. Rows need ``traj_id``, ``group_id``,
-    ``step``, ``reward``, ``response_ids``, and ``values`` (critic estimators), ``old_logprobs`` and
+    ``step``, ``reward``, ``response_ids``, ``obs_key`` (optional; estimators that group steps by
+    state, see :func:`step_group_keys`), and ``values`` (critic estimators), ``old_logprobs`` and
     ``ref_logprobs`` (KL in reward)."""
     est = get_advantage_estimator(estimator)
     L = max(max(len(r["response_ids"]) for r in rows), 1)
@@ -54,11 +87,7 @@ def compute_advantages(
         values = pad_rows([r["values"] for r in rows], L)
     elif est.critic == "step":
         values = torch.tensor([float(r["values"][0]) for r in rows])
-    obs_index = (
-        _index([f"{r['group_id']}|{r.get('obs_key', r['step'])}" for r in rows])
-        if est.needs_obs_index
-        else None
-    )
+    obs_index = _index(step_group_keys(rows)) if est.needs_obs_index else None
     out = est(
         rewards=rewards, response_mask=mask, traj_index=_index([r["traj_id"] for r in rows]),
         step_index=torch.tensor([int(r["step"]) for r in rows]), group_index=_index([r["group_id"] for r in rows]),

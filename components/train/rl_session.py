@@ -110,6 +110,7 @@ class RLSession:
         temperature: float,
         seed: int,
         desc: str,
+        context_window: int | None = None,
     ) -> list[dict]:
         return run_episodes(
             self.rollout_engine,
@@ -121,6 +122,7 @@ class RLSession:
             temperature=temperature,
             seed=seed,
             desc=desc,
+            context_window=context_window,
         )
 
     # --- what the estimator and losses read ---------------------------------------------------------

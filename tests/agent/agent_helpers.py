@@ -59,29 +59,37 @@ def logprobs_for(ids: list[int]) -> list[float]:
 class ScriptedEngine:
     """``generate`` answers a prompt with ``scripts[question][k]`` where k = assistant turns already in it.
 
+    With ``turn_by_calls`` k is instead the number of earlier ``generate`` calls that held a prompt about
+    the same question (the loop makes one call per turn), for prompts that drop old turns
+    (``context_window``); the episodes of one question must then start together.
     A response longer than ``sampling.max_tokens`` (its stop id included) is cut there with
     finish_reason "length", as a real engine does. Every call's prompts and seeds are kept in ``calls``.
     """
 
-    def __init__(self, tok, scripts: dict[str, list[str]]) -> None:
+    def __init__(self, tok, scripts: dict[str, list[str]], turn_by_calls: bool = False) -> None:
         self.tok = tok
         self.scripts = scripts
         self.eos_id = tok.convert_tokens_to_ids(EOS_TOKEN)
         self.calls: list[dict] = []
+        self.turn_by_calls = turn_by_calls
+        self._calls_with: dict[str, int] = {}  # question -> earlier calls that held it
 
     def _script(self, prompt: list[int]) -> tuple[str, int]:
         text = self.tok.decode(prompt, skip_special_tokens=False)
         found = [q for q in self.scripts if q in text]
         assert len(found) == 1, f"prompt matches {found} of the scripted questions"
+        if self.turn_by_calls:
+            return found[0], self._calls_with.get(found[0], 0)
         turn = text.count(f"{IM_START}assistant\n") - 1  # the generation prompt is the last one
         return found[0], turn
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None):
         assert seeds is not None and len(seeds) == len(prompts)
         self.calls.append({"prompts": [list(p) for p in prompts], "seeds": list(seeds), "sampling": sampling})
-        out = []
+        out, asked = [], set()
         for prompt in prompts:
             question, turn = self._script(prompt)
+            asked.add(question)
             script = self.scripts[question]
             assert turn < len(script), f"{question!r}: no scripted action for turn {turn}"
             ids = self.tok.encode(script[turn], add_special_tokens=False) + [self.eos_id]
@@ -89,6 +97,8 @@ class ScriptedEngine:
             if len(ids) > sampling.max_tokens:
                 ids, reason = ids[: sampling.max_tokens], "length"
             out.append([Generation(token_ids=ids, logprobs=logprobs_for(ids), finish_reason=reason)])
+        for question in asked:
+            self._calls_with[question] = self._calls_with.get(question, 0) + 1
         return out
 
     def sync_weights(self, state_dict) -> None:  # pragma: no cover - not used by the loop

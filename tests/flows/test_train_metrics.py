@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from components.agent.loop import episode_metrics
-from flows.train_metrics import iteration_metrics
+from flows.train_metrics import anchor_metrics, iteration_metrics
 
 
 def _row(
@@ -95,3 +95,23 @@ def test_same_numbers_as_the_evaluation() -> None:
     ]:
         assert it[train_key] == pytest.approx(ev[eval_key]), train_key
     assert ev["answer_without_tool_rate"] == pytest.approx(2 / 5)  # b0 and f0 (untagged final text)
+
+
+def test_anchor_metrics_only_for_estimators_that_group_by_state():
+    rows = [
+        {"traj_id": "a", "group_id": "g", "step": 0, "obs_key": "s0"},
+        {"traj_id": "a", "group_id": "g", "step": 1, "obs_key": "s1"},
+        {"traj_id": "a", "group_id": "g", "step": 2, "obs_key": "s0"},  # a revisit of s0
+        {"traj_id": "b", "group_id": "g", "step": 0, "obs_key": "s1"},  # s1 at another step index
+        {"traj_id": "c", "group_id": "h", "step": 0, "obs_key": "s0"},  # s0 of another prompt group
+    ]
+    batch = pl.DataFrame(rows)
+    assert anchor_metrics(batch, "gigpo") == {
+        "gigpo/anchor_groups": 2.0,
+        "gigpo/anchor_group_size": 2.0,
+        "gigpo/anchored_step_frac": 4 / 5,
+    }
+    assert anchor_metrics(batch, "grpo") == {} and anchor_metrics(batch, "step_gae") == {}
+    # a batch without obs_key (rollouts of an older loop): groups by step index, as the estimator does
+    no_keys = batch.drop("obs_key")
+    assert anchor_metrics(no_keys, "gigpo")["gigpo/anchor_groups"] == 1.0  # step 0 of g: {a, b}; c alone in h
