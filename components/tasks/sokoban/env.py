@@ -7,7 +7,9 @@ are the grid as an (H, W) array of cell codes. Rewards are RAGEN's (after gym-so
 targets ``success_reward`` and the episode terminates. ``info`` has ``boxes_on_target``, ``moved`` and
 ``is_success``.
 
-The text codec shows the grid with RAGEN's symbols (``render`` in level.py) and parses an action written
+The text codec shows the grid with RAGEN's symbols (``render`` in level.py), then (``offsets``, on by
+default) one line per unplaced box saying where it is from the player and where its nearest target is
+from it, and parses an action written
 as ``<action>up</action>`` (case-insensitive; up, down, left, right). Anything else is an invalid action:
 the model is told why and sees the unchanged grid, the step costs ``step_penalty + invalid_penalty``.
 The state key of a step is the grid state (player and boxes), GiGPO's anchor state.
@@ -32,12 +34,13 @@ from components.tasks.sokoban.level import (
     State,
     apply,
     crop_walls,
+    draw,
     parse_xsb,
     render,
 )
 from components.tasks.sokoban.prompts import SYSTEM_PROMPT, intro
 
-__all__ = ["CODEC", "SokobanEnv", "make_env", "parse_action", "tools"]
+__all__ = ["CODEC", "SokobanEnv", "codec", "make_env", "parse_action", "tools"]
 
 # The reward settings prepare saves beside the task tables (from the tasks.sokoban section).
 ENV_FILE = "env.json"
@@ -138,23 +141,29 @@ def parse_action(text: str) -> int:
     return ACTIONS.index(name)
 
 
-def _render_obs(obs: Any, info: Mapping[str, Any]) -> str:
+def _render_obs(obs: Any, info: Mapping[str, Any], *, with_offsets: bool = True) -> str:
     """The observation array as text, exactly as ``level.render`` draws the same state."""
     order = ("wall", "floor", "target", "box", "box_on_target", "player", "player_on_target")
     symbols = [SYMBOLS[name] for name in order]  # indexed by cell code
     rows = [[symbols[int(v)] for v in row] for row in np.asarray(obs)]
-    return "\n".join(" ".join(row) for row in crop_walls(rows))
+    return draw(crop_walls(rows), with_offsets=with_offsets)
 
 
-CODEC = TextCodec(
-    render=_render_obs,
-    parse=parse_action,
-    state_key=lambda obs, info: info.get("state_key"),
-    metrics=lambda obs, info: {
-        "boxes_on_target": float(info.get("boxes_on_target", 0)),
-        "success": float(bool(info.get("is_success", False))),
-    },
-)
+def codec(*, with_offsets: bool = True) -> TextCodec:
+    """The text codec: the grid (and, with ``with_offsets``, the box/target offset lines) and
+    ``<action>...</action>`` replies; the state key is the grid state (player and boxes)."""
+    return TextCodec(
+        render=lambda obs, info: _render_obs(obs, info, with_offsets=with_offsets),
+        parse=parse_action,
+        state_key=lambda obs, info: info.get("state_key"),
+        metrics=lambda obs, info: {
+            "boxes_on_target": float(info.get("boxes_on_target", 0)),
+            "success": float(bool(info.get("is_success", False))),
+        },
+    )
+
+
+CODEC = codec()
 
 
 def make_env(
@@ -180,10 +189,11 @@ def make_env(
     if data_dir is not None and (Path(data_dir) / ENV_FILE).is_file():
         settings.update(json.loads((Path(data_dir) / ENV_FILE).read_text()))
     invalid_penalty = float(settings.pop("invalid_penalty", 0.0))
+    with_offsets = bool(settings.pop("offsets", True))
     env = SokobanEnv(**settings)
     return GymTextEnv(
         env,
-        CODEC,
+        codec(with_offsets=with_offsets),
         SYSTEM_PROMPT,
         intro=lambda row, text: intro(text),
         reset_kwargs=lambda row: {"options": {"level": str(row["level"])}},

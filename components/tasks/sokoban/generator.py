@@ -39,7 +39,9 @@ def action_message(action: str) -> dict[str, str]:
     return {"role": "assistant", "content": f"<action>{action}</action>"}
 
 
-def demonstration(level: Level, state: State, moves: list[str]) -> list[dict[str, str]]:
+def demonstration(
+    level: Level, state: State, moves: list[str], *, with_offsets: bool = True
+) -> list[dict[str, str]]:
     """The messages after the first user prompt of playing ``moves``: each move, then the new grid
     (none after the last move)."""
     messages: list[dict[str, str]] = []
@@ -47,7 +49,7 @@ def demonstration(level: Level, state: State, moves: list[str]) -> list[dict[str
         messages.append(action_message(move))
         state, _ = apply(level, state, move)
         if i < len(moves) - 1:
-            messages.append({"role": "user", "content": render(level, state)})
+            messages.append({"role": "user", "content": render(level, state, with_offsets=with_offsets)})
     return messages
 
 
@@ -115,16 +117,16 @@ def make_splits(
                             limit=p.max_moves + p.weak_extra_moves,
                         )
                         if moves is not None:
-                            weak.append(demonstration(level, start, moves))
+                            weak.append(demonstration(level, start, moves, with_offsets=p.offsets))
                             break
             rows.append(
                 {
                     "id": f"sokoban-{split}-{len(rows)}",
-                    "question": render(level, start),
+                    "question": render(level, start, with_offsets=p.offsets),
                     "answer": " ".join(solution),
                     "level": xsb,
                     "n_calls": len(solution),
-                    "expert": encode(demonstration(level, start, solution)),
+                    "expert": encode(demonstration(level, start, solution, with_offsets=p.offsets)),
                     "weak": json.dumps(weak) if weak else None,
                     "split": split,
                 }

@@ -24,6 +24,9 @@ class SokobanParams(TaskParams):
     box_off_target: float = Field(-1.0, le=0)
     success_reward: float = Field(10.0, ge=0)
     invalid_penalty: float = Field(0.0, le=0)
+    # Below the grid, one line per unplaced box: its offset from the player and its nearest target's
+    # offset from it ("box: down 1 right 2; target: up 2 from box"). Off = the grid alone (RAGEN).
+    offsets: bool = True
     # Weaker demonstrations beside the expert's (train split): a player who at each turn makes a random
     # move with probability weak_epsilon and otherwise a shortest-solution move; only its episodes that
     # end solved within max_moves + weak_extra_moves moves are kept. weak_per_question per level on
@@ -46,12 +49,13 @@ class SokobanParams(TaskParams):
     def turns_needed(self) -> int | None:
         return self.max_moves  # one move per turn: the expert's longest episode
 
-    def env_settings(self) -> dict[str, float]:
-        """The reward settings the environment reads (saved by prepare as env.json)."""
+    def env_settings(self) -> dict[str, float | bool]:
+        """The settings the environment reads (saved by prepare as env.json)."""
         return {
             "step_penalty": self.step_penalty,
             "box_on_target": self.box_on_target,
             "box_off_target": self.box_off_target,
             "success_reward": self.success_reward,
             "invalid_penalty": self.invalid_penalty,
+            "offsets": self.offsets,
         }

@@ -23,7 +23,7 @@ def test_rewards_follow_ragen():
     env.reset(ROW)
     out = env.step(act("right"))  # box one step closer: just the step penalty
     assert out.reward == pytest.approx(-0.1) and not out.done and not out.info["correct"]
-    assert out.messages == [{"role": "user", "content": "_ P X O"}]
+    assert out.messages == [{"role": "user", "content": "_ P X O\nbox: right 1; target: right 1 from box"}]
     out = env.step(act("right"))  # box on target, all boxes placed: -0.1 + 1 + 10
     assert out.reward == pytest.approx(10.9) and out.done and out.info["correct"] and not out.truncated
     assert json.loads(out.info["task_metrics"]) == {
@@ -48,8 +48,15 @@ def test_invalid_action_is_feedback_without_a_move():
     assert not out.done and out.info["invalid_action"] and out.info["format_error"]
     assert out.reward == pytest.approx(-0.1 - 0.5)
     assert out.messages[0]["content"].startswith("Invalid action: reply with one of <action>up</action>")
-    assert out.messages[0]["content"].endswith("\nP X _ O")
+    assert out.messages[0]["content"].endswith("\nP X _ O\nbox: right 1; target: right 2 from box")
     assert env.state_key() == key  # nothing moved
+
+
+def test_offsets_can_be_turned_off(tmp_path):
+    (tmp_path / "env.json").write_text(json.dumps({"offsets": False}))
+    env = make_env(data_dir=tmp_path)
+    env.reset(ROW)
+    assert env.step(act("right")).messages == [{"role": "user", "content": "_ P X O"}]
 
 
 def test_state_key_follows_the_state():

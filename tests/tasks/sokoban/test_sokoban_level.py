@@ -12,6 +12,7 @@ from components.tasks.sokoban.level import (
     apply,
     crop_walls,
     generate,
+    offsets,
     parse_xsb,
     render,
     replay,
@@ -122,9 +123,19 @@ def test_parse_errors_name_the_problem(text, message):
         parse_xsb(text)
 
 
+def test_offsets_name_each_unplaced_box_and_its_nearest_free_target():
+    # Two boxes: one already on a target (no line), one whose nearest free target is two rows down.
+    rows = [r.split() for r in ["P X _", "_ _ *", "O _ O"]]
+    assert offsets(rows) == ["box: right 1; target: down 2 left 1 from box"]
+    # The player standing on the only free target: that target still counts, seen from the box.
+    assert offsets([["X", "_", "S"]]) == ["box: left 2; target: right 2 from box"]
+    assert offsets([["P", "*"]]) == []
+
+
 def test_render_crops_the_enclosing_wall_and_uses_one_symbol_per_cell():
     level, state = parse_xsb("######\n##@$.#\n#    #\n######")
-    assert render(level, state) == "# P X O\n_ _ _ _"
+    assert render(level, state, with_offsets=False) == "# P X O\n_ _ _ _"
+    assert render(level, state) == "# P X O\n_ _ _ _\nbox: right 1; target: right 1 from box"
     assert crop_walls([["#", "#"], ["#", "#"]]) == []
     # A state key is the same for equal states and differs otherwise.
     moved, _ = apply(level, state, "right")
