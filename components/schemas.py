@@ -78,6 +78,9 @@ class ProblemSchema(pa.DataFrameModel):
     correct: int = pa.Field(isin=[0, 1])
     sampled_correct: float = pa.Field(ge=0, le=1, nullable=True)
     n_sampled: int = pa.Field(ge=0)
+    # The greedy episode's summed step rewards and its number of steps.
+    return_: float = pa.Field(alias="return")
+    turns: int = pa.Field(ge=1)
 
     class Config:
         strict = False

@@ -22,6 +22,7 @@ Pure: no Prefect, no MLflow, no file access.
 from __future__ import annotations
 
 import warnings
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -78,8 +79,9 @@ def problem_results(
     ids: Sequence[str], greedy: Sequence[Mapping], sampled: Sequence[Mapping] = ()
 ) -> pl.DataFrame:
     """One row per problem of ``ids`` (in that order): ``correct`` (its greedy episode, 0/1),
-    ``sampled_correct`` (fraction of its sampled episodes that are correct; null without any) and
-    ``n_sampled``.
+    ``sampled_correct`` (fraction of its sampled episodes that are correct; null without any),
+    ``n_sampled``, and of the greedy episode its ``return`` (the sum of its step rewards) and ``turns``
+    (its steps).
 
     ``greedy`` and ``sampled`` are agent step records; an episode is its ``traj_id``, its problem the
     ``group_id``, and it is correct when any of its steps is. Every problem needs exactly one greedy
@@ -100,6 +102,11 @@ def problem_results(
     several = [i for i in ids if len(g[i]) != 1]
     if several:
         raise ValueError(f"problem {several[0]!r} has {len(g[several[0]])} greedy episodes, expected 1")
+    returns: dict[str, float] = defaultdict(float)
+    turns: dict[str, int] = defaultdict(int)
+    for step in greedy:
+        returns[str(step["group_id"])] += float(step.get("reward", 0.0))
+        turns[str(step["group_id"])] += 1
     rows = []
     for i in ids:
         eps = list(s.get(i, {}).values())
@@ -109,11 +116,20 @@ def problem_results(
                 "correct": int(next(iter(g[i].values()))),
                 "sampled_correct": (sum(eps) / len(eps)) if eps else None,
                 "n_sampled": len(eps),
+                "return": returns[i],
+                "turns": turns[i],
             }
         )
     return pl.DataFrame(
         rows,
-        schema={"id": pl.String, "correct": pl.Int64, "sampled_correct": pl.Float64, "n_sampled": pl.Int64},
+        schema={
+            "id": pl.String,
+            "correct": pl.Int64,
+            "sampled_correct": pl.Float64,
+            "n_sampled": pl.Int64,
+            "return": pl.Float64,
+            "turns": pl.Int64,
+        },
     )
 
 

@@ -2,8 +2,9 @@
 
 reports/compare.md: per algorithm the mean test accuracy over its seeds (greedy, and sampled mean@k)
 with a 95% bootstrap interval, its difference to SFT with a 95% interval (paired on test problems),
-pass@k, mean turns, tool use, format errors, train wall time and generated tokens (means over seeds);
-then every run's own values (one row per seed), the pairwise differences between algorithms, and one
+pass@k, mean turns, tool use (tasks with tools), format errors, train wall time and generated tokens
+(means over seeds); the greedy episode's return and turns with intervals and differences to SFT; then
+every run's own values (one row per seed), the pairwise differences between algorithms (accuracy, return, turns), and one
 sentence per algorithm saying which differences are significant (their interval excludes 0). The
 statistics are in components/stats.py (percentile bootstrap over RL seeds and test problems, crossed;
 scipy).
@@ -35,6 +36,8 @@ from flows._stage import StageError, mlflow_run, read_params, stage_main
 CONFIDENCE = 0.95
 RESAMPLES = 10_000
 # Columns of eval json files shown when present (written by newer evaluate stages): key -> header.
+# Per-problem values of the greedy episode compared like accuracy (kind -> ProblemSchema column).
+EPISODE_KINDS = {"return": "return", "turns": "turns"}
 OPTIONAL_EVAL = {
     "tool_calls_per_step": "tool calls per step",
     "answer_without_tool_rate": "answer without tool",
@@ -83,7 +86,7 @@ def _estimates(params: Params) -> dict:
     sft_problems = _problems("sft")
     ids = sft_problems["id"].to_list()
     sampled = all(df["n_sampled"].min() > 0 for df in [sft_problems, *(r["problems"] for r in runs.values())])
-    kinds = {"greedy": "correct", **({"sampled": "sampled_correct"} if sampled else {})}
+    kinds = {"greedy": "correct", **({"sampled": "sampled_correct"} if sampled else {}), **EPISODE_KINDS}
     kw = dict(confidence=CONFIDENCE, n_resamples=RESAMPLES, seed=0)
 
     def matrix(names: list[str], column: str) -> np.ndarray:
@@ -110,7 +113,14 @@ def _estimates(params: Params) -> dict:
                 )
         for a, b in combinations(c.algorithms, 2):
             est["pair"][kind, a, b] = difference_interval(by_model[a], by_model[b], what=(a, b), **kw)
-    return {"runs": runs, "sft": _load("eval_sft.json"), "kinds": list(kinds), "n_problems": len(ids), **est}
+    accuracy_kinds = [k for k in kinds if k not in EPISODE_KINDS]
+    return {
+        "runs": runs,
+        "sft": _load("eval_sft.json"),
+        "kinds": accuracy_kinds,
+        "n_problems": len(ids),
+        **est,
+    }
 
 
 def _pair(est: dict, kind: str, a: str, b: str) -> Estimate:
@@ -135,6 +145,9 @@ def _sentence(params: Params, est: dict, algo: str) -> str:
         f"{significance(est['vs_sft'][kind, algo])}"
         for kind in est["kinds"]
     ]
+    parts.append(
+        f"return {est['mean']['return', algo].value:.3f}, against SFT {significance(est['vs_sft']['return', algo])}"
+    )
     for other in (o for o in params.compare.algorithms if o != algo):
         parts.append(
             f"against {other}: "
@@ -160,7 +173,10 @@ def table(params: Params) -> str:
     est = _estimates(params)
     c, ev, runs = params.compare, params.evaluate, est["runs"]
     sampled = "sampled" in est["kinds"]
-    optional = [k for k in OPTIONAL_EVAL if k in est["sft"] or any(k in r["eval"] for r in runs.values())]
+    evals = [est["sft"], *(r["eval"] for r in runs.values())]
+    # A task without tools (sokoban) shows no tool columns: they would be 0 or meaningless there.
+    tools = any(e.get("tool_calls_per_episode", 1.0) > 0 for e in evals)
+    optional = [k for k in OPTIONAL_EVAL if tools and any(k in e for e in evals)]
     k = ev.samples
 
     def metric_cells(evals: list[dict], trains: list[dict]) -> list[str]:
@@ -169,7 +185,7 @@ def table(params: Params) -> str:
         cells = [
             _fmt(m("pass_at_k")) if sampled else "-",
             _fmt(m("mean_turns"), 2),
-            _fmt(m("valid_tool_call_rate")),
+            *([_fmt(m("valid_tool_call_rate"))] if tools else []),
             _fmt(m("format_error_rate")),
         ]
         cells += [_fmt(m(key)) for key in optional]
@@ -183,7 +199,7 @@ def table(params: Params) -> str:
     tail_headers = [
         "pass@k",
         "mean turns",
-        "valid tool calls",
+        *(["valid tool calls"] if tools else []),
         "format errors",
         *extra_headers,
         "train wall time (s)",
@@ -240,22 +256,44 @@ def table(params: Params) -> str:
             )
         )
 
+    # 2b. return and turns of the greedy episode
+    episode = [
+        _row(
+            ["model", "return [95% CI]", "return vs SFT [95% CI]", "turns [95% CI]", "turns vs SFT [95% CI]"]
+        ),
+        _row(["---"] * 5),
+        _row(["sft", est["mean"]["return", "sft"].format(), "-", est["mean"]["turns", "sft"].format(), "-"]),
+    ]
+    for a in c.algorithms:
+        episode.append(
+            _row(
+                [a]
+                + [
+                    cell
+                    for kind in EPISODE_KINDS
+                    for cell in (est["mean"][kind, a].format(), est["vs_sft"][kind, a].format(signed=True))
+                ]
+            )
+        )
+
     # 3. algorithm against algorithm
     pairs = list(combinations(c.algorithms, 2))
     pair_lines = []
+    pair_kinds = [*est["kinds"], *EPISODE_KINDS]
     if pairs:
         pair_head = ["difference", "greedy [95% CI]"] + (["sampled (mean@k) [95% CI]"] if sampled else [])
+        pair_head += ["return [95% CI]", "turns [95% CI]"]
         pair_lines = [_row(pair_head), _row(["---"] * len(pair_head))]
         for a, b in pairs:
             pair_lines.append(
-                _row([f"{a} - {b}"] + [_pair(est, kind, a, b).format(signed=True) for kind in est["kinds"]])
+                _row([f"{a} - {b}"] + [_pair(est, kind, a, b).format(signed=True) for kind in pair_kinds])
             )
 
     n_seeds = len(c.seeds)
     text = (
         f"# {params.task}: RL algorithms against the SFT baseline\n\n"
-        f"{ev.split.capitalize()} split ({est['n_problems']} problems), multi-turn with the real tools. "
-        f"Accuracy is of one greedy episode per problem; sampled accuracy (mean@k) and pass@k of k = {k} episodes "
+        f"{ev.split.capitalize()} split ({est['n_problems']} problems), multi-turn with the task's real environment. "
+        f"Accuracy (for sokoban: the success rate) is of one greedy episode per problem; sampled accuracy (mean@k) and pass@k of k = {k} episodes "
         f"per problem at temperature {ev.temperature:g}. Every algorithm is trained {n_seeds} time"
         f"{'s' if n_seeds > 1 else ''} from the one SFT checkpoint (SFT seed {params.seed}), with RL seeds "
         f"{', '.join(map(str, c.seeds))}; its values are means over those runs. Wall time and generated tokens "
@@ -265,6 +303,12 @@ def table(params: Params) -> str:
         "finite test set; this crossed bootstrap is conservative (slightly wide) and, with two or three seeds, "
         "coarse in its seed part: read it with the per-run table below. A difference is called significant when "
         "its interval excludes 0.\n\n" + "\n".join(lines) + "\n\n"
+        "## Return and turns of the greedy episode\n\n"
+        "Per test problem, the greedy episode's return (the sum of its step rewards, the task's reward) and its "
+        "number of turns (an unsolved episode counts the turns it used, up to rollout.max_steps: fewer is "
+        "better only together with a higher accuracy), with intervals and differences as above.\n\n"
+        + "\n".join(episode)
+        + "\n\n"
         "## Every run\n\n"
         + "\n".join(per_seed)
         + "\n\n"

@@ -151,6 +151,8 @@ def problem_df(**overrides) -> pl.DataFrame:
         "correct": [1, 0, 1],
         "sampled_correct": [0.5, 0.0, 1.0],
         "n_sampled": [2, 2, 2],
+        "return": [10.8, -1.0, 10.9],
+        "turns": [2, 10, 1],
     }
     data.update(overrides)
     return pl.DataFrame(data)
@@ -180,6 +182,10 @@ def test_problem_schema_accepts_results_with_and_without_samples():
         (
             {"sampled_correct": [0.5, None, 0.0]},
             "problems_grpo-s0.parquet row 2: column 'sampled_correct' failed null exactly when n_sampled == 0 (value: null)",
+        ),
+        (
+            {"turns": [2, 0, 1]},
+            "problems_grpo-s0.parquet row 2: column 'turns' failed greater_than_or_equal_to(1) (value: '0')",
         ),
         (
             {"n_sampled": [2, 0, 2]},

@@ -131,15 +131,15 @@ def test_estimate_format_and_significance():
 # --- per-problem results -------------------------------------------------------------------------
 
 
-def step(traj, group, correct):
-    return {"traj_id": traj, "group_id": group, "correct": correct}
+def step(traj, group, correct, reward=0.0):
+    return {"traj_id": traj, "group_id": group, "correct": correct, "reward": reward}
 
 
 def test_problem_results_greedy_and_sampled():
     greedy = [
-        step("a", "a", False),
-        step("a", "a", True),
-        step("b", "b", False),
+        step("a", "a", False, -0.1),
+        step("a", "a", True, 10.9),
+        step("b", "b", False, -0.1),
     ]  # a: correct at its 2nd step
     sampled = [
         step("a#0", "a", True),
@@ -150,8 +150,8 @@ def test_problem_results_greedy_and_sampled():
     ]
     df = problem_results(["b", "a"], greedy, sampled)
     assert df.to_dicts() == [
-        {"id": "b", "correct": 0, "sampled_correct": 0.0, "n_sampled": 2},
-        {"id": "a", "correct": 1, "sampled_correct": 0.5, "n_sampled": 2},
+        {"id": "b", "correct": 0, "sampled_correct": 0.0, "n_sampled": 2, "return": -0.1, "turns": 1},
+        {"id": "a", "correct": 1, "sampled_correct": 0.5, "n_sampled": 2, "return": 10.8, "turns": 2},
     ]
     only = problem_results(["a", "b"], greedy)
     assert only["sampled_correct"].to_list() == [None, None] and only["n_sampled"].to_list() == [0, 0]

@@ -27,6 +27,8 @@ def write_run(root, name: str, correct, sampled, eval_extra=None, train=None):
             "correct": list(map(int, correct)),
             "sampled_correct": list(map(float, sampled)),
             "n_sampled": [2] * N,
+            "return": [10.0 * float(x) for x in correct],
+            "turns": [2 if x else 4 for x in correct],
         }
     ).write_parquet(root / "metrics" / f"problems_{name}.parquet")
     ev = {
@@ -116,7 +118,24 @@ def test_report_intervals_per_seed_rows_and_words(workspace):
     )
     assert "against grpo: greedy significantly lower (-0.500" in words["ppo"]
     assert "sampled mean@2 accuracy" in words["ppo"]
+    assert "return 10.000, against SFT significantly higher (+5.000" in words["grpo"]
     assert "resample" in report and "RL seeds and test problems, crossed" in report
+    # the greedy episode's return and turns: grpo solves all (return 10, 2 turns), SFT half (5, 3 turns)
+    episode = cells(report, "grpo", 1)
+    assert episode[1] == "10.000 [10.000, 10.000]" and episode[2].startswith("+5.000 [")
+    assert episode[3] == "2.000 [2.000, 2.000]" and episode[4].startswith("-1.000 [")
+    assert cells(report, "grpo - ppo")[3].startswith("+5.000 [") and cells(report, "grpo - ppo")[
+        4
+    ].startswith("-1.000 [")
+
+
+def test_a_task_without_tools_shows_no_tool_columns(workspace):
+    root, params = workspace
+    for path in (root / "metrics").glob("eval_*.json"):
+        ev = json.loads(path.read_text())
+        path.write_text(json.dumps({**ev, "tool_calls_per_episode": 0.0, "answer_without_tool_rate": 1.0}))
+    header = cells(Path(compare.table.fn(params)).read_text(), "algorithm")
+    assert "valid tool calls" not in header and "answer without tool" not in header and "mean turns" in header
 
 
 def test_chart_has_two_panels(workspace):
