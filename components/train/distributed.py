@@ -15,6 +15,10 @@ Departures from a plain ``deepspeed.init_distributed()``:
 1. On CPU with one process, DeepSpeed would JIT-compile its shared-memory all-reduce C++ op (about a
    minute, and it needs a C++ toolchain) although a world of one never communicates; we skip that build.
    With more than one CPU process the op is built as usual.
+2. A world of one opens no socket beyond loopback: its process group is made on an in-process
+   ``HashStore`` (torch's ``env://`` rendezvous would start a TCPStore listening on every interface,
+   ``*:MASTER_PORT``), and gloo's own device binds the loopback interface (``GLOO_SOCKET_IFNAME=lo``
+   unless set). A multi-process world uses the launcher's rendezvous as before.
 """
 
 from __future__ import annotations
@@ -126,5 +130,14 @@ def init_distributed() -> DistInfo:
         _skip_shm_build_for_single_cpu_process()
     if not on_cpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if int(os.environ["WORLD_SIZE"]) == 1:
+        _init_world_of_one(backend)  # DeepSpeed then wraps this group instead of making its own
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
     return _info()
+
+
+def _init_world_of_one(backend: str) -> None:
+    """A one-process group on an in-process store: nothing listens on a network interface."""
+    if backend == "gloo" and os.path.isdir("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)

@@ -29,6 +29,32 @@ def test_single_process_world_and_idempotent() -> None:
     assert t.item() == 3.0
 
 
+_LISTENERS = """
+import json, os, psutil, torch
+from components.train.distributed import init_distributed
+init_distributed()
+t = torch.ones(1)
+torch.distributed.all_reduce(t)
+print(json.dumps([c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]))
+"""
+
+
+def test_world_of_one_listens_on_loopback_only() -> None:
+    # A fresh interpreter: this test process may already hold a process group.
+    import json
+    import subprocess
+    import sys
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _LISTENERS], capture_output=True, text=True, env=env, check=True, timeout=300
+    )
+    ips = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(ip in ("127.0.0.1", "::1") for ip in ips), ips
+
+
 def test_free_port_is_bindable() -> None:
     import socket
 
