@@ -11,7 +11,7 @@ Training dtypes (``deepspeed.dtype``):
 
 TF32: under ``auto`` on CUDA, ``use_tf32`` lets fp32 matmuls use TF32 tensor cores
 (``torch.set_float32_matmul_precision("high")``, which also sets ``torch.backends.cuda.matmul.allow_tf32``):
-the fp32 parts (the output head, the value head, and fp32 master weights' matmuls) run about 8x faster
+the fp32 parts (the output head, the value head, and fp32 master weights' matmuls) run several times faster
 on Ampere and later, with a 10-bit mantissa in the multiply and fp32 accumulation.
 ``build_engine`` calls it. On a CPU it changes nothing (TF32 is a GPU format); explicit ``fp32`` never
 turns it on.
