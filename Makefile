@@ -6,7 +6,7 @@ EXTRA  ?= cpu
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup repro test test-all lint format clean-venv mlflow-ui
+.PHONY: setup repro test test-all lint format clean-venv mlflow-ui gpu-smoke
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ test: setup lint
 # Everything, slow tests included.
 test-all: setup
 	pytest -m ""
+
+# On a GPU machine (`make setup EXTRA=gpu`): one SFT step and one RL iteration per rollout engine on
+# models/base (MODEL=<dir> for another), printing device, dtypes, tokens/s and peak GPU memory per stage.
+# Without CUDA it stops with a message saying so.
+gpu-smoke: setup
+	python benchmarks/gpu_smoke.py $(if $(MODEL),--model $(MODEL))
 
 clean-venv:
 	rm -rf $(VENV)

@@ -163,6 +163,12 @@ class RolloutParams(Section):
     context_window: int | None = Field(None, ge=1)
     # KV cache size for the vLLM CPU backend, GiB.
     kv_cache_gib: float = Field(1.0, gt=0)
+    # vLLM on CUDA only: the share of the GPU's memory vLLM takes (weights + KV cache), in (0, 1); the
+    # rest is the trainer's. Accepted and unused on CPU.
+    gpu_memory_utilization: float = Field(0.3, gt=0, lt=1)
+    # vLLM on CUDA only: sleep (weights to CPU memory, KV cache freed) during the RL update, wake up
+    # before the weight sync. Accepted and unused on CPU.
+    sleep_during_update: bool = True
 
 
 class EvaluateParams(Section):

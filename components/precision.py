@@ -9,6 +9,13 @@ Training dtypes (``deepspeed.dtype``):
   (ZeRO >= 1 accumulates gradients in fp32); the usual choice on GPUs.
 - ``auto``: ``amp_bf16`` where the hardware multiplies bf16 natively, else ``fp32``.
 
+TF32: under ``auto`` on CUDA, ``use_tf32`` lets fp32 matmuls use TF32 tensor cores
+(``torch.set_float32_matmul_precision("high")``, which also sets ``torch.backends.cuda.matmul.allow_tf32``):
+the fp32 parts (the output head, the value head, and fp32 master weights' matmuls) run several times faster
+on Ampere and later, with a 10-bit mantissa in the multiply and fp32 accumulation.
+``build_engine`` calls it. On a CPU it changes nothing (TF32 is a GPU format); explicit ``fp32`` never
+turns it on.
+
 Generation dtypes (``rollout.dtype``): ``float32``, ``bfloat16``, or ``auto`` (``bfloat16`` where the
 hardware has it, else ``float32``).
 
@@ -34,6 +41,7 @@ __all__ = [
     "has_bf16",
     "resolve_rollout_dtype",
     "resolve_train_dtype",
+    "use_tf32",
 ]
 
 TrainDtype = Literal["fp32", "bf16", "amp_bf16"]
@@ -82,6 +90,20 @@ def resolve_train_dtype(dtype: str) -> TrainDtype:
 def resolve_rollout_dtype(dtype: str) -> RolloutDtype:
     """``auto`` -> ``bfloat16`` or ``float32`` for this machine; any other value as it is."""
     return _resolve(dtype, "rollout", get_args(RolloutDtype), "bfloat16")  # type: ignore[return-value]
+
+
+def use_tf32(dtype: str, device_type: str | None = None) -> bool:
+    """For the training dtype *setting* ``dtype`` (before resolving): ``auto`` on CUDA sets fp32 matmul
+    precision to ``high`` (TF32) and returns True; anything else, or a CPU, changes nothing and returns
+    False. ``device_type``: where training runs (default: this process's stage device)."""
+    if device_type is None:
+        from components.device import stage_device
+
+        device_type = stage_device().type
+    if dtype != "auto" or device_type != "cuda":
+        return False
+    torch.set_float32_matmul_precision("high")
+    return True
 
 
 def autocast(dtype: str, device_type: str = "cpu") -> contextlib.AbstractContextManager:

@@ -67,6 +67,8 @@ def play(
             max_model_len=r.max_prompt_len + r.max_response_len,
             kv_cache_gib=r.kv_cache_gib,
             seed=params.seed,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            sleep_mode=False,  # no update runs beside it
         )
         renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
 

@@ -268,6 +268,8 @@ def _open_session(params: Params, algo: str) -> RLSession:
         kv_cache_gib=r.kv_cache_gib,
         seed=params.seed,
         old_logprobs=t.old_logprobs,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        sleep_during_update=r.sleep_during_update,
     )
     return RLSession(SFT, cfg, get_task(params.task).tools())
 

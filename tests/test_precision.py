@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import components.precision as precision
 
@@ -37,3 +38,17 @@ def test_explicit_dtypes_pass_through_and_bad_ones_are_named(monkeypatch):
         precision.resolve_train_dtype("fp16")
     with pytest.raises(ValueError, match="'half'.*float32, bfloat16, auto"):
         precision.resolve_rollout_dtype("half")
+
+
+def test_tf32_is_turned_on_only_by_auto_on_cuda(monkeypatch):
+    from components.precision import use_tf32
+
+    before = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
+    assert use_tf32("auto", "cpu") is False  # a CPU: untouched
+    assert use_tf32("auto") is False  # this machine (no CUDA): untouched
+    assert use_tf32("fp32", "cuda") is False  # an explicit dtype never turns it on
+    assert (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32) == before
+    calls = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
+    assert use_tf32("auto", "cuda") is True
+    assert calls == ["high"]

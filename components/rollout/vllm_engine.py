@@ -18,6 +18,11 @@ Departure from vLLM's defaults:
    tokens of 16 prompts x 8 samples of the default task: ``benchmarks/prefix_cache.py``). ``sync_weights`` resets
    the cache (cached keys and values were computed by the old weights). ``log_stats=True`` keeps
    vLLM's statistics on so ``prefix_cache_stats()`` can read the hit counters.
+4. On CUDA (only there) the engine shares the GPU with the trainer: ``gpu_memory_utilization`` caps
+   its weights + KV cache (``rollout.gpu_memory_utilization``, 0.3 by default instead of vLLM's 0.92),
+   and with ``sleep_mode`` (``rollout.sleep_during_update``) :meth:`VLLMEngine.sleep` moves its
+   weights to CPU memory and frees the KV cache while the actor and critic update (vLLM's sleep
+   level 1); ``wake_up`` brings them back before the weight sync.
 """
 
 from __future__ import annotations
@@ -50,13 +55,25 @@ class VLLMEngine:
         prefix_caching: bool = True,
         log_stats: bool = False,
         block_size: int = 32,
+        gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
     ) -> None:
+        """``gpu_memory_utilization`` (vLLM's share of the GPU: weights + KV cache) and ``sleep_mode``
+        (``enable_sleep_mode``: :meth:`sleep` frees the GPU memory during the update) are for CUDA
+        only; None / False leave vLLM's defaults (the CPU backend sizes its KV cache from
+        ``kv_cache_gib``)."""
         _set_cpu_defaults(kv_cache_gib)
         from vllm import LLM  # imported late: it reads the environment at import time
 
         self.stop_token_ids = list(stop_token_ids)
         self.prefix_caching = prefix_caching
         self.token_budget = max(token_budget, max_model_len)
+        self.sleep_mode = sleep_mode
+        gpu_kw: dict = {}
+        if gpu_memory_utilization is not None:
+            gpu_kw["gpu_memory_utilization"] = gpu_memory_utilization
+        if sleep_mode:
+            gpu_kw["enable_sleep_mode"] = True
         self.llm = LLM(
             model=str(model_dir),
             dtype=dtype,
@@ -67,6 +84,7 @@ class VLLMEngine:
             enable_prefix_caching=prefix_caching,
             block_size=block_size,
             disable_log_stats=not log_stats,
+            **gpu_kw,
         )
 
     def generate(
@@ -133,6 +151,17 @@ class VLLMEngine:
         weights = [(k, v.detach().to("cpu")) for k, v in state_dict.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    def sleep(self) -> bool:
+        """Level 1: weights to CPU memory, KV cache discarded (only with ``sleep_mode``; else False)."""
+        if not self.sleep_mode:
+            return False
+        self.llm.sleep(level=1)
+        return True
+
+    def wake_up(self) -> None:
+        if self.sleep_mode:
+            self.llm.wake_up()
 
     def prefix_cache_stats(self) -> dict[str, float]:
         """Prefix-cache ``queries`` and ``hits`` (prompt tokens) since the engine started; needs

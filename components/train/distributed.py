@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from components.device import stage_device
+
 __all__ = ["DistInfo", "free_port", "init_distributed"]
 
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -87,11 +89,9 @@ def _info() -> DistInfo:
     world = torch.distributed.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = str(torch.distributed.get_backend())
-    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") == "cuda":
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=device)
+    return DistInfo(
+        rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=stage_device()
+    )
 
 
 def init_distributed() -> DistInfo:

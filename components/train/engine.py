@@ -46,7 +46,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from components.precision import TrainDtype, autocast, resolve_train_dtype
+from components.precision import TrainDtype, autocast, resolve_train_dtype, use_tf32
 from components.train.distributed import init_distributed
 
 __all__ = ["LossFn", "autocast_for", "build_engine", "lr_factor", "make_ds_config", "train_step"]
@@ -190,8 +190,9 @@ def build_engine(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"model {type(model).__name__} has no trainable parameters")
-    dtype = resolve_train_dtype(dtype)
     dist = init_distributed()
+    use_tf32(dtype, dist.device.type)  # auto on CUDA: TF32 fp32 matmuls
+    dtype = resolve_train_dtype(dtype)
     config = make_ds_config(
         lr=lr,
         weight_decay=weight_decay,

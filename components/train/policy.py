@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from components.device import model_device, to_device
+
 
 @dataclass
 class TokenBatch:
@@ -46,12 +48,7 @@ class TokenBatch:
     prefix: SharedPrefix | None = None  # set when the sequences are forwarded on shared prefixes
 
     def to(self, device: torch.device | str) -> TokenBatch:
-        return TokenBatch(
-            *(
-                None if getattr(self, f) is None else getattr(self, f).to(device)
-                for f in self.__dataclass_fields__
-            )
-        )
+        return to_device(self, device)
 
     @property
     def forwarded_tokens(self) -> int:
@@ -74,7 +71,7 @@ class SharedPrefix:
     suffix_mask: Tensor  # (S, U)
 
     def to(self, device: torch.device | str) -> SharedPrefix:
-        return SharedPrefix(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+        return to_device(self, device)
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -262,7 +259,9 @@ def head_logits(head: torch.nn.Module, h: Tensor) -> Tensor:
 def response_logprobs(
     model: torch.nn.Module, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    """log pi(response token j | context) (B, L), and optionally the entropy of that distribution (B, L)."""
+    """log pi(response token j | context) (B, L), and optionally the entropy of that distribution (B, L),
+    on the model's device (``batch`` is moved there)."""
+    batch = to_device(batch, model_device(model))
     h = _hidden_at(model.get_decoder(), batch, batch.response_pos)  # (B, L, H)
     logits = head_logits(model.get_output_embeddings(), h) / temperature  # (B, L, V) fp32
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -277,7 +276,8 @@ def critic_values(critic: torch.nn.Module, batch: TokenBatch, *, per_step: bool)
     """Critic values: at the last prompt token (B,) if ``per_step``, else at the response positions (B, L).
 
     ``critic`` is a transformers token-classification model (backbone, dropout, ``score`` head); the
-    head reads only the positions needed."""
+    head reads only the positions needed. On the critic's device (``batch`` is moved there)."""
+    batch = to_device(batch, model_device(critic))
     backbone = getattr(critic, critic.base_model_prefix)
     positions = batch.value_pos.unsqueeze(-1) if per_step else batch.response_pos
     h = _hidden_at(backbone, batch, positions)

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from components.agent.loop import Episode, run_episodes
 from components.agent.render import ChatRenderer
+from components.device import model_device
 from components.rollout import make_engine
 from components.train.checkpoint import load_engine_state, save_checkpoint
 from components.train.critic import build_critic
@@ -49,6 +50,10 @@ class SessionConfig:
     # on-policy only), "rollout" (the sampler's own, free; exact when rollout and trainer agree
     # numerically, as in fp32) or "recompute" (one actor forward per iteration).
     old_logprobs: str = "recompute"
+    # vLLM on CUDA only (components.rollout.vllm_engine): its share of the GPU's memory, and whether it
+    # sleeps (weights to CPU, KV cache freed) while the actor and critic update.
+    gpu_memory_utilization: float = 0.3
+    sleep_during_update: bool = True
 
 
 class RLSession:
@@ -87,7 +92,10 @@ class RLSession:
         self.critic = None
         if cfg.critic is not None:
             self.critic = build_engine(build_critic(self.init_dir), lr=cfg.critic_lr, **engine_kw)
-        self.ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval() if cfg.use_ref else None
+        self.ref = None
+        if cfg.use_ref:  # frozen, outside DeepSpeed: on the actor's device, where annotate feeds it
+            ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval()
+            self.ref = ref.to(model_device(self.actor.module))
         self.rollout_engine = make_engine(
             cfg.rollout_engine,
             str(self.init_dir),
@@ -96,6 +104,8 @@ class RLSession:
             max_model_len=cfg.max_model_len,
             kv_cache_gib=cfg.kv_cache_gib,
             seed=cfg.seed,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            sleep_mode=cfg.sleep_during_update,
         )
         self.version: str = str(self.init_dir)  # the checkpoint the engines hold now
 
@@ -133,7 +143,8 @@ class RLSession:
         Log-probs are of the sampling distribution, softmax(logits / temperature), as in the rollout.
         With ``old_logprobs="rollout"`` (or ``"detached"``, where the update detaches its own) the rows'
         ``response_logprobs`` are the old log-probs and the actor is not run; a forward pass happens
-        only for a reference or a critic. Forwards run in the training precision."""
+        only for a reference or a critic. Forwards run in the training precision, each model on its
+        own device (``response_logprobs``/``critic_values`` move the CPU-built batch there)."""
         out: list[dict] = [dict(r) for r in rows]
         from_rollout = self.cfg.old_logprobs in ("rollout", "detached")
         if from_rollout:
@@ -187,6 +198,17 @@ class RLSession:
 
     # --- update --------------------------------------------------------------------------------
     def update(
+        self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict
+    ) -> dict[str, float]:
+        # vLLM on CUDA gives the GPU memory of its weights and KV cache to the update (a no-op elsewhere).
+        asleep = self.cfg.sleep_during_update and self.rollout_engine.sleep()
+        try:
+            return self._update(rows, train_actor=train_actor, actor_kw=actor_kw, critic_kw=critic_kw)
+        finally:
+            if asleep:
+                self.rollout_engine.wake_up()
+
+    def _update(
         self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict
     ) -> dict[str, float]:
         metrics: dict[str, float] = {}

@@ -4,7 +4,8 @@ Rows are agent steps (exact prompt/response ids) with what the advantage stage c
 advantages, old log-probs (recomputed by the trainer before the update), reference log-probs (when a
 KL loss is on), returns and old critic values. Mini-batches are split into micro-batches; every
 micro-batch loss is normalised by the counts of its WHOLE mini-batch (``loss_normalisers``), so the
-micro-batch size never changes the update. Non-finite losses or gradients skip that update
+micro-batch size never changes the update. Tensors are built on the CPU (``step_tensors``) and moved to
+the engine's device in the loss (``components.device.to_device``). Non-finite losses or gradients skip that update
 (``train_step``) and are counted.
 
 Losses, estimators and aggregation come from ``components.algos`` by name; this module never
@@ -24,6 +25,7 @@ from torch import Tensor
 from components.algos import aggregate_loss, get_policy_loss, loss_normalisers
 from components.algos.kl import kl_penalty
 from components.algos.losses import value_loss
+from components.device import model_device, to_device
 from components.train.engine import train_step
 from components.train.policy import TokenBatch, critic_values, make_token_batch, pad_rows, response_logprobs
 
@@ -167,6 +169,7 @@ def actor_update(
         tokens = max(norms["global_tokens"], 1.0)
 
         def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
+            m = to_device(m, model_device(eng.module))  # built on the CPU by step_tensors
             mask = m.batch.response_mask
             logp, entropy = response_logprobs(eng.module, m.batch, temperature=temperature, with_entropy=True)
             pg, pg_metrics = loss_fn_pg(
@@ -227,6 +230,7 @@ def critic_update(
         count = max(count, 1.0)
 
         def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
+            m = to_device(m, model_device(eng.module))  # built on the CPU by step_tensors
             v = critic_values(eng.module, m.batch, per_step=per_step)
             mask = torch.ones_like(v) if per_step else m.batch.response_mask
             old = m.old_values if m.old_values is not None else v.detach()

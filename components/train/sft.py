@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from components.device import model_device, stage_device, to_device
 from components.train.engine import train_step
 from components.train.policy import SharedPrefix, head_logits, shared_prefix_hidden
 
@@ -127,25 +128,30 @@ def common_prefix(batch: Batch, min_prefix: int = 8) -> SharedPrefix | None:
     )
 
 
-def sft_loss_fn(
-    engine: Any, micro_batch: Batch, *, normaliser: float
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """``train_step`` loss: this micro-batch's summed NLL / ``normaliser`` (labelled tokens in the batch),
-    forwarded on the rows' common prefix when they have one (:func:`common_prefix`)."""
-    model = engine.module
-    device = next(model.parameters()).device
-    batch = {k: micro_batch[k].to(device) for k in _KEYS}
+def sft_hidden(model: torch.nn.Module, micro_batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(final hidden states, the labels they predict, forwarded tokens) of ``micro_batch`` (CPU tensors,
+    moved to the model's device), on the rows' common prefix when they have one."""
+    batch = to_device({k: micro_batch[k] for k in _KEYS}, model_device(model))
     shared = common_prefix(batch)
     decoder = model.get_decoder()
     if shared is None:
         hidden = decoder(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
         ).last_hidden_state
-        labels, n_forwarded = batch["labels"], batch["attention_mask"].sum()
-    else:  # tokens from the prefix on: positions >= P predict tokens > P, all the loss needs
-        _, hidden = shared_prefix_hidden(decoder, shared)  # (B, T - P, H)
-        labels = batch["labels"][:, shared.prefix_ids.shape[1] :]
-        n_forwarded = shared.prefix_mask.sum() + shared.suffix_mask.sum()
+        return hidden, batch["labels"], batch["attention_mask"].sum()
+    # tokens from the prefix on: positions >= P predict tokens > P, all the loss needs
+    _, hidden = shared_prefix_hidden(decoder, shared)  # (B, T - P, H)
+    labels = batch["labels"][:, shared.prefix_ids.shape[1] :]
+    return hidden, labels, shared.prefix_mask.sum() + shared.suffix_mask.sum()
+
+
+def sft_loss_fn(
+    engine: Any, micro_batch: Batch, *, normaliser: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``train_step`` loss: this micro-batch's summed NLL / ``normaliser`` (labelled tokens in the batch),
+    forwarded on the rows' common prefix when they have one (:func:`common_prefix`)."""
+    model = engine.module
+    hidden, labels, n_forwarded = sft_hidden(model, micro_batch)
     nll_sum, n_labels = token_nll_sum(hidden=hidden, labels=labels, head=model.get_output_embeddings())
     return nll_sum / normaliser, {
         "n_label_tokens": float(n_labels),
@@ -162,9 +168,7 @@ def _global_label_count(micro_batches: Sequence[Batch]) -> int:
         world = torch.distributed.get_world_size()
     if world == 1:
         return local
-    total = torch.tensor([local], dtype=torch.float64)
-    if torch.distributed.get_backend() == "nccl":
-        total = total.cuda()
+    total = to_device(torch.tensor([local], dtype=torch.float64), stage_device())  # NCCL: on the GPU
     torch.distributed.all_reduce(total)
     return int(total.item())
 
