@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-from agent_helpers import ScriptedEngine, answer, call, row, tokenizer
+from agent_helpers import ScriptedEngine, answer, call, row
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from components.agent.loop import Episode, run_episodes
-from components.agent.render import ChatRenderer
 from components.envs import get_task
 from components.envs.base import AgentEnv, StepOutcome
 from components.model.sft_data import IGNORE_INDEX, encode_conversation, encode_turns
@@ -25,16 +24,6 @@ from components.train.rl_update import step_tensors
 Q1, Q3 = "What is 60 + 37?", "What is 5 - 9 + 100?"
 Q3_SCRIPT = [call("5 - 9"), call("-4 + 100"), call("96 * 1"), answer("96")]  # 4 turns
 LOOSE = dict(max_steps=6, max_prompt_len=4096, max_response_len=128, temperature=1.0, seed=7)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer()
-
-
-@pytest.fixture(scope="module")
-def renderer(tok):
-    return ChatRenderer(tok, get_task("calc").tools(), EOS_TOKEN)
 
 
 def calc_episodes(*rows_, samples: int = 1) -> list[Episode]:

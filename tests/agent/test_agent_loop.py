@@ -4,25 +4,14 @@ episode ends, one generate call per turn, batch-independent seeds, and episode_m
 from __future__ import annotations
 
 import pytest
-from agent_helpers import ScriptedEngine, answer, call, logprobs_for, row, tokenizer
+from agent_helpers import ScriptedEngine, answer, call, logprobs_for, row
 
 from components.agent.loop import Episode, episode_metrics, episode_seed, run_episodes, sampled_metrics
-from components.agent.render import ChatRenderer
 from components.envs import get_task
 from components.model.tokenizer import EOS_TOKEN
 
 Q1, Q2, Q3 = "What is 60 + 37?", "What is 12 * 12?", "What is 5 - 9 + 100?"
 LOOSE = dict(max_steps=4, max_prompt_len=2048, max_response_len=128, temperature=1.0, seed=7)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer()
-
-
-@pytest.fixture(scope="module")
-def renderer(tok):
-    return ChatRenderer(tok, get_task("calc").tools(), EOS_TOKEN)
 
 
 @pytest.fixture(scope="module")
