@@ -113,7 +113,7 @@ def env_factory(recipe: Any, data_dir: Path):
     return make_env
 
 
-def show(event: Event, out: TextIO = sys.stdout) -> None:
+def show(event: Event, out: TextIO | None = None) -> None:
     """One line per event: calls and results as they happen, then the answer."""
     flag = "  [error]" if event.is_error and event.kind == "result" else ""
     if event.kind == "text":
@@ -128,7 +128,7 @@ def show(event: Event, out: TextIO = sys.stdout) -> None:
         )
     else:
         line = f"agent> {event.text}"
-    print(line, file=out, flush=True)
+    print(line, file=out or sys.stdout, flush=True)
 
 
 def questions_from(stream: TextIO) -> Iterator[str]:
