@@ -12,6 +12,7 @@ the tool result, the malformed-call path), not that a model learnt to use tools.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -98,3 +99,18 @@ def build_memorising_model(out_dir: Path, bad_feedback: str, max_steps: int = 30
         )
     model.eval()
     return save_hf(model, tok, out_dir), step
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the processes of group ``pgid`` that are still running (zombies waiting for a reaper
+    that is not us do not count: they hold no memory and run nothing)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
