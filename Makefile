@@ -6,7 +6,7 @@ EXTRA  ?= cpu
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup repro test test-all lint format clean-venv mlflow-ui gpu-smoke
+.PHONY: setup repro test test-all lint format clean-venv mlflow-ui gpu-smoke chat
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ test-all: setup
 # Without CUDA it stops with a message saying so.
 gpu-smoke: setup
 	python benchmarks/gpu_smoke.py $(if $(MODEL),--model $(MODEL))
+
+# Talk to a trained agent (README "Talk to a trained agent"): MODEL=<run name or checkpoint dir>,
+# e.g. `make chat MODEL=grpo-s0`; it serves the checkpoint with vLLM on 127.0.0.1 until you quit.
+MODEL ?= grpo-s0
+chat: setup
+	python -m flows.chat --model $(MODEL)
 
 clean-venv:
 	rm -rf $(VENV)
