@@ -273,6 +273,10 @@ class TrainParams(Section):
     adam_eps: float = Field(1e-8, gt=0, le=1)
     # Reward added to a step whose tool call or answer is malformed (0 = none; e.g. -0.1).
     malformed_penalty: float = Field(0.0, le=0)
+    # Weight w of the task's process rewards (its score of each tool call), normalised apart from the
+    # outcome reward (PRIME; docs/algorithms.md "Process rewards"). 0 = outcome only. Only for tasks
+    # that score tool calls (TaskRecipe.scores_tool_calls).
+    process_reward_weight: float = Field(0.0, ge=0, le=100)
     # Old log-probs of the policy ratio: "detached" (the update's own forward, detached: exact and free,
     # on-policy only), "rollout" (the sampler's own: no actor forward; exact only where the sampler and
     # the trainer agree numerically; needs temperature 1) or "recompute" (one actor forward).
@@ -429,6 +433,16 @@ class Params(Section):
                 f"rollout.max_steps={self.rollout.max_steps} < {need}, the agent turns the longest "
                 f"{self.task} problem of tasks.{self.task} needs: raise rollout.max_steps or lower "
                 f"the task's difficulty{hint}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _process_rewards_exist(self) -> Params:
+        w = self.train.process_reward_weight
+        if w > 0 and not getattr(_registry("task").get(self.task), "scores_tool_calls", False):
+            raise ValueError(
+                f"train.process_reward_weight={self.train.process_reward_weight} but task {self.task!r} "
+                "gives no process rewards (its recipe has scores_tool_calls=False): set it to 0"
             )
         return self
 

@@ -54,6 +54,9 @@ class StepSchema(pa.DataFrameModel):
     done: bool
     truncated: bool
     feedback: str
+    # The task's score of the step's tool calls (AgentEnv.process_rewards), kept apart from `reward`;
+    # null where the task scores nothing. Optional: tables written before it existed have none.
+    process_reward: float | None = pa.Field(nullable=True)
 
     class Config:
         strict = False
@@ -117,7 +120,8 @@ def _describe(case: dict[str, Any], source: str, schema_name: str) -> tuple[tupl
 def validate_table(df: pl.DataFrame, schema: type[pa.DataFrameModel], source: str) -> pl.DataFrame:
     """Validate ``df`` (returns the validated, coerced frame); raise one clear ``ValueError`` if bad."""
     # Checked first: pandera's dtype coercion crashes on a missing column instead of reporting it.
-    missing = [c for c in schema.to_schema().columns if c not in df.columns]
+    columns = schema.to_schema().columns
+    missing = [c for c in columns if c not in df.columns and columns[c].required]
     if missing:
         raise ValueError(f"{source}: missing column(s) {missing} (columns: {df.columns})")
     try:

@@ -44,6 +44,27 @@ OPTIONAL_EVAL = {
 }
 
 
+# Per-tool metrics of tasks with several tools (search_calc's episode_metrics: "<tool>/<metric>"),
+# shown when an eval json has them: metric -> header suffix.
+PER_TOOL = {"calls_per_episode": "calls per episode", "valid_rate": "valid", "right_tool_rate": "right tool"}
+
+
+def per_tool_keys(evals: list[dict]) -> list[str]:
+    """The ``<tool>/<metric>`` keys of PER_TOOL found in any eval json, by tool then metric, and the
+    overall ``right_tool_rate`` after them when present."""
+    keys = {k for e in evals for k in e if k.count("/") == 1 and k.split("/")[1] in PER_TOOL}
+    order = list(PER_TOOL)
+    out = sorted(keys, key=lambda k: (k.split("/")[0], order.index(k.split("/")[1])))
+    return out + (["right_tool_rate"] if any("right_tool_rate" in e for e in evals) else [])
+
+
+def per_tool_header(key: str) -> str:
+    if "/" not in key:
+        return key.replace("_", " ")
+    tool, metric = key.split("/")
+    return f"{tool} {PER_TOOL[metric]}"
+
+
 def _load(name: str) -> dict:
     path = REPO / "metrics" / name
     if not path.is_file():
@@ -177,6 +198,7 @@ def table(params: Params) -> str:
     # A task without tools (sokoban) shows no tool columns: they would be 0 or meaningless there.
     tools = any(e.get("tool_calls_per_episode", 1.0) > 0 for e in evals)
     optional = [k for k in OPTIONAL_EVAL if tools and any(k in e for e in evals)]
+    optional += per_tool_keys(evals) if tools else []
     k = ev.samples
 
     def metric_cells(evals: list[dict], trains: list[dict]) -> list[str]:
@@ -195,7 +217,7 @@ def table(params: Params) -> str:
         ]
         return cells
 
-    extra_headers = [OPTIONAL_EVAL[key] for key in optional]
+    extra_headers = [OPTIONAL_EVAL.get(key) or per_tool_header(key) for key in optional]
     tail_headers = [
         "pass@k",
         "mean turns",

@@ -161,6 +161,7 @@ def advantage(algo: str, name: str, k: int, scored: str, policy: str, params: Pa
         kl_in_reward=t.kl_in_reward,
         step_weight=params.algorithms[algo].step_weight,
         step_norm=params.algorithms[algo].step_norm,
+        process_weight=t.process_reward_weight,
     )
     return str(
         write_parquet(pl.DataFrame(rows, infer_schema_length=None), iter_dir(name, k) / "batch.parquet")

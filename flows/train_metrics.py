@@ -5,6 +5,9 @@ Tool use, with the same definitions as ``components.agent.loop.episode_metrics``
 tool_calls_per_episode), ``tool_calls/answer_without_tool_rate`` (= answer_without_tool_rate),
 ``num_steps/mean`` (= mean_turns). ``format_error/rate`` is per step like format_error_rate.
 
+``process_reward/mean`` and ``process_reward/scored_step_frac``: the task's process rewards (the mean
+over the steps it scored, and the share of steps it scored), for tasks that score tool calls.
+
 For estimators that group steps by state (``gigpo``), :func:`anchor_metrics` adds
 ``gigpo/anchor_groups``, ``gigpo/anchor_group_size`` and ``gigpo/anchored_step_frac``
 (``components.train.advantage.anchor_group_stats``).
@@ -65,6 +68,10 @@ def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str
         "perf/generated_tokens": float(batch["response_ids"].list.len().sum()),
         "batch/step_rows": float(batch.height),
     }
+    if "process_reward" in batch.columns and batch["process_reward"].null_count() < batch.height:
+        scored = batch["process_reward"].drop_nulls()
+        m["process_reward/mean"] = scored.mean()  # over the steps the task scored
+        m["process_reward/scored_step_frac"] = scored.len() / batch.height
     if "values" in batch.columns and batch["values"].null_count() < batch.height:
         vals = batch["values"].explode().drop_nulls()
         m["critic/values/mean"] = vals.mean()

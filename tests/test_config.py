@@ -457,3 +457,15 @@ def test_context_window_defaults_to_the_whole_history_and_takes_a_turn_count():
     assert load_params(PARAMS).rollout.context_window is None
     assert parse_params(raw(**{"rollout.context_window": 3})).rollout.context_window == 3
     assert parse_params(raw(**{"rollout.context_window": 1})).rollout.context_window == 1
+
+
+def test_process_reward_weight_only_for_tasks_that_score_tool_calls():
+    assert load_params(PARAMS).train.process_reward_weight == 0.0  # default: outcome only
+    p = load_params(PARAMS, overrides={"task": "search_calc", "train.process_reward_weight": 0.5})
+    assert p.train.process_reward_weight == 0.5 and p.task_params.turns_needed() == 4
+    with pytest.raises(ConfigError, match="task 'calc' gives no process rewards"):
+        load_params(PARAMS, overrides={"train.process_reward_weight": 0.5})
+    with pytest.raises(ConfigError, match="process_reward_weight"):
+        load_params(PARAMS, overrides={"task": "search_calc", "train.process_reward_weight": -1.0})
+    with pytest.raises(ConfigError, match="rollout.max_steps=3 < 4"):
+        load_params(PARAMS, overrides={"task": "search_calc", "rollout.max_steps": 3})

@@ -197,3 +197,11 @@ def test_problem_schema_rejects_bad_rows(overrides, message):
     with pytest.raises(ValueError) as err:
         validate_table(problem_df(**overrides), ProblemSchema, "problems_grpo-s0.parquet")
     assert str(err.value).splitlines()[0].startswith(message), str(err.value)
+
+
+def test_process_reward_column_is_optional_nullable_and_typed():
+    assert "process_reward" not in validate_table(step_df(), StepSchema, "s").columns
+    out = validate_table(step_df().with_columns(process_reward=pl.lit(None)), StepSchema, "s")
+    assert out.schema["process_reward"] == pl.Float64
+    with pytest.raises(ValueError, match="process_reward"):
+        validate_table(step_df().with_columns(process_reward=pl.lit("x")), StepSchema, "s")

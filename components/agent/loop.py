@@ -8,7 +8,10 @@ With ``context_window`` k, the context of step t is the first observation's ids 
 message, rendered) followed by the token segments of the last k turns, a segment being that turn's
 sampled response ids + the rendered observation ids that followed it: still exact ids, never
 re-encoded. ``None`` keeps the whole history. Each record also holds ``obs_key``, the environment's
-``state_key()`` before the step's action ("" when it gives None), which ``gigpo`` groups steps by.
+``state_key()`` before the step's action ("" when it gives None), which ``gigpo`` groups steps by,
+and ``process_reward``: the environment's score of the step's tool calls (``AgentEnv.process_rewards``,
+asked once every episode has ended), None where it gives none (a step it does not score, a response
+cut before the environment saw it, a task without process rewards).
 
 An episode ends when its environment says done, at ``max_steps`` turns (``truncated``), when a
 response is cut at ``max_response_len`` (``truncated``, reward 0, the cut action is not executed), or
@@ -17,6 +20,7 @@ when its context would exceed ``max_prompt_len`` (the last recorded step is mark
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +43,7 @@ class Episode:
     segments: list[list[int]] = field(default_factory=list)  # window: the last turns (response + obs ids)
     steps: list[dict] = field(default_factory=list)
     done: bool = False
+    env_steps: list[int] = field(default_factory=list)  # the records made by env.step, in order
 
 
 def episode_seed(seed: int, traj_id: str, turn: int) -> int:
@@ -68,7 +73,7 @@ def run_episodes(
         raise ValueError(f"context_window must be >= 1 or None, got {context_window}")
     for ep in episodes:
         ep.first = renderer.prompt(ep.env.reset(ep.row))
-        ep.context, ep.segments = list(ep.first), []
+        ep.context, ep.segments, ep.env_steps = list(ep.first), [], []
     bar = tqdm(total=len(episodes), desc=desc, unit="episode", leave=False)
     for turn in range(max_steps):
         active = [ep for ep in episodes if not ep.done]
@@ -93,7 +98,26 @@ def run_episodes(
         bar.update(sum(ep.done for ep in active))
         bar.set_postfix(turn=turn + 1, active=sum(not ep.done for ep in episodes))
     bar.close()
+    for ep in episodes:
+        _add_process_rewards(ep)
     return [s for ep in episodes for s in ep.steps]
+
+
+def _add_process_rewards(ep: Episode) -> None:
+    """Copy the environment's process rewards (one per ``step`` call) onto the records it made."""
+    scores = ep.env.process_rewards() if hasattr(ep.env, "process_rewards") else None
+    if scores is None:
+        return
+    scores = list(scores)
+    if len(scores) != len(ep.env_steps):
+        raise ValueError(
+            f"episode {ep.traj_id}: the environment gave {len(scores)} process rewards for "
+            f"{len(ep.env_steps)} steps"
+        )
+    for row, score in zip(ep.env_steps, scores):
+        if score is not None and not math.isfinite(float(score)):
+            raise ValueError(f"episode {ep.traj_id}: non-finite process reward {score!r}")
+        ep.steps[row]["process_reward"] = None if score is None else float(score)
 
 
 def _record(
@@ -132,6 +156,7 @@ def _record(
             # The task's own numbers of the episode, as the environment wrote them (a JSON string in
             # info["task_metrics"] of the final step, else ""): read by the recipe's episode_metrics hook.
             "task_metrics": str(info.get("task_metrics") or ""),
+            "process_reward": None,  # filled in when the episode has ended (_add_process_rewards)
         }
     )
 
@@ -165,6 +190,7 @@ def _advance(
         )
         return
     out = ep.env.step(action)
+    ep.env_steps.append(len(ep.steps))
     feedback = "\n".join(str(m.get("content", "")) for m in out.messages)
     ep.done = bool(out.done) or last_turn
     _record(

@@ -27,17 +27,21 @@ Departures from the papers / docs/algorithms.md:
    group, which is one anchor state only where equal turns mean equal states (e.g. the first turn).
    G_t is the paper's discounted step return sum_k gamma^k r_{t+k} (gamma = ``train.gamma``; the paper
    uses 0.95), normalised by the step group's std as in its main variant.
+5. Process rewards (``process_weight`` > 0; ``components.algos.process_rewards``) are normalised
+   per step over the scored steps, not per token with PRIME's leave-one-out baseline; estimators
+   without a prompt-group baseline normalise them over the batch and add them to the step reward.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from components.algos.process_rewards import normalize_process_rewards, process_return
 from components.algos.step_layout import StepLayout, build_layout, pack_tokens
 from components.algos.tensor_ops import (
     GROUP_STD_EPS,
@@ -109,6 +113,9 @@ class AdvantageEstimator:
         norm_adv: bool = True,
         step_weight: float = 1.0,  # gigpo's w
         step_norm: str = "std",  # gigpo's step-group normalisation: "std" or "mean"
+        process_rewards: Tensor | None = None,  # (B,) p_t, the task's score of each step's tool calls
+        process_mask: Tensor | None = None,  # (B,) bool, steps with a process reward (None: all)
+        process_weight: float = 0.0,  # w_p; 0 = outcome only (process_rewards are then ignored)
     ) -> AdvantageOutput:
         if step_norm not in ("std", "mean"):
             raise ValueError(f"step_norm={step_norm!r}: expected 'std' or 'mean'")
@@ -118,7 +125,47 @@ class AdvantageEstimator:
             norm_adv=norm_adv, step_weight=step_weight, step_norm=step_norm,
         )  # fmt: skip
         with torch.no_grad():
-            return self.fn(batch)
+            if process_weight == 0 or process_rewards is None:
+                return self.fn(batch)
+            return self._with_process(batch, process_rewards, process_mask, float(process_weight))
+
+    def _with_process(
+        self, b: StepBatch, process_rewards: Tensor, process_mask: Tensor | None, weight: float
+    ) -> AdvantageOutput:
+        """docs/algorithms.md, "Process rewards": p normalised over the scored steps of each prompt
+        group (group estimators) or of the batch (the others); then the group estimators add
+        w * sum_{t'>=t} gamma^(t'-t) p̂_t' to their outcome advantage, and the others take w * p̂_t as
+        part of the step reward r_t (so a critic learns it too)."""
+        n = b.mask.shape[0]
+        if not torch.isfinite(torch.tensor(weight)):
+            raise ValueError(f"process_weight must be finite, got {weight}")
+        if tuple(process_rewards.shape) != (n,):
+            raise ValueError(f"process_rewards must have shape ({n},), got {tuple(process_rewards.shape)}")
+        dtype = b.step_rewards.dtype
+        scored = (
+            torch.ones(n, dtype=torch.bool, device=b.mask.device)
+            if process_mask is None
+            else process_mask.to(torch.bool)
+        )
+        if tuple(scored.shape) != (n,):
+            raise ValueError(f"process_mask must have shape ({n},), got {tuple(scored.shape)}")
+        raw = process_rewards.detach().to(dtype)
+        p = torch.where(scored, raw, raw.new_zeros(()))  # (B,)
+        _check_finite("process_rewards", p)
+        group = b.layout.traj_group[b.layout.traj] if self.needs_groups else torch.zeros_like(b.layout.traj)
+        p_hat = normalize_process_rewards(rewards=p, scored=scored, group=group)  # (B,)
+        if self.needs_groups:
+            out = self.fn(b)
+            proc = process_return(normalized=p_hat, layout=b.layout, gamma=b.gamma)  # (B,)
+            return AdvantageOutput(
+                out.advantages + weight * per_token(proc, b.mask), out.returns, out.step_returns
+            )
+        shaped = replace(
+            b,
+            step_rewards=b.step_rewards + weight * p_hat,
+            token_rewards=b.token_rewards + place_on_last_token(weight * p_hat, b.mask),
+        )
+        return self.fn(shaped)
 
     def _prepare(
         self, *, rewards: Tensor, response_mask: Tensor, traj_index: Tensor, step_index: Tensor,

@@ -78,6 +78,15 @@ class AgentEnv(ABC):
     def step(self, action_text: str) -> StepOutcome:
         """Apply one model response (raw text) and return what the environment says back."""
 
+    def process_rewards(self) -> list[float | None] | None:
+        """The process reward of each ``step`` call of the episode so far, in order: a score of the
+        step's tool calls (e.g. a search that found a passage the question needs), None for a step
+        the task does not score (a final answer). The agent loop asks once the episode has ended and
+        stores the scores in the step rows' ``process_reward`` column, apart from ``reward``; the
+        advantage normalises them (docs/algorithms.md, "Process rewards"). None (the default): the
+        task scores no step."""
+        return None
+
     def state_key(self) -> str | None:
         """The key of the environment's current state: the state the next action responds to.
 
@@ -174,6 +183,9 @@ class ToolEnv(AgentEnv):
         self.max_action_chars = max_action_chars
         self.max_calls_per_step = max_calls_per_step
         self.history: list[dict[str, Any]] = []  # the whole conversation so far, for inspection
+        # The last step's tool calls, in order: (tool name or None, arguments or None, result); a call
+        # that failed to parse has its error as the result. For subclasses that score or count calls.
+        self.last_calls: list[tuple[str | None, dict[str, Any] | None, ToolResult]] = []
         self._truth: str | None = None
         self._done = True
 
@@ -199,6 +211,7 @@ class ToolEnv(AgentEnv):
             action_text, self.tools, max_chars=self.max_action_chars, max_calls=self.max_calls_per_step
         )
         self.history.append({"role": "assistant", "content": _clean(parsed.text)})
+        self.last_calls = []
         info: dict[str, Any] = {"action_truncated": parsed.truncated, "correct": False, "answer": None}
         if parsed.is_final:
             return self._finish(parsed.text, info)
@@ -207,6 +220,7 @@ class ToolEnv(AgentEnv):
         for call in parsed.calls:
             if isinstance(call, CallError):
                 messages.append(self._tool_message(call.name or "invalid_call", f"error: {call.message}"))
+                self.last_calls.append((call.name, None, ToolResult(f"error: {call.message}", is_error=True)))
                 continue
             result = run_tool(
                 self._tools[call.name],
@@ -216,6 +230,7 @@ class ToolEnv(AgentEnv):
             )
             tool_errors += result.is_error
             reward += result.reward or 0.0
+            self.last_calls.append((call.name, call.arguments, result))
             messages.append(self._tool_message(call.name, result.text))
         n_errors = len(parsed.errors)
         if n_errors:

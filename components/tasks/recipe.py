@@ -27,6 +27,9 @@ task directly. A recipe holds functions and its params model only:
   ``env_feedback``, ``reward``, ``outcome``, ``n_calls``, ...). ``evaluate`` writes them next to the
   generic metrics (accuracy, tool calls) in its metrics json and MLflow run; ``train`` logs them as
   ``task/<name>`` per iteration and ``val/<name>`` at validation. ``None`` = no task metrics.
+- ``scores_tool_calls``: True when the task's environment scores each tool call
+  (``AgentEnv.process_rewards``: process rewards, weighted by ``train.process_reward_weight``); the
+  params check refuses a non-zero weight for a task that does not.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class TaskRecipe:
     demonstrations: Callable[[Mapping[str, Any]], list[list[dict[str, Any]]]]
     episode_metrics: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None
     reward: Callable[[str, str], float] | None = None
+    scores_tool_calls: bool = False
 
     def params(self, section: Mapping[str, Any] | TaskParams | None = None) -> TaskParams:
         """The validated params section (a mapping, an instance, or None for the defaults).

@@ -7,6 +7,7 @@ unpads the results, so that ``batch.parquet`` holds exactly what the advantages 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -39,6 +40,14 @@ def step_group_keys(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]
     ]
 
 
+def process_score(row: dict[str, Any]) -> float | None:
+    """A row's process reward, None when it has none (missing, null or NaN)."""
+    value = row.get("process_reward")
+    if value is None or math.isnan(float(value)):
+        return None
+    return float(value)
+
+
 def anchor_group_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """How much of a batch the step groups of :func:`step_group_keys` cover: ``anchor_groups`` (step
     groups with >= 2 steps), ``anchor_group_size`` (their mean size; 0 without any) and
@@ -65,13 +74,16 @@ def compute_advantages(
     kl_in_reward: bool = False,
     step_weight: float = 1.0,
     step_norm: str = "std",
+    process_weight: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Add ``advantages`` and ``returns`` (per-token lists; for step critics ``returns`` has one value)
     and ``token_rewards`` when the KL penalty is in the reward. Rows need ``traj_id``, ``group_id``,
     ``step``, ``reward``, ``response_ids``, ``obs_key`` (optional; estimators that group steps by
     state, see :func:`step_group_keys`), and ``values`` (critic estimators), ``old_logprobs`` and
     ``ref_logprobs`` (KL in reward). ``step_weight`` and ``step_norm``: gigpo's step-level weight w
-    and its normalisation within a step group ("std" or "mean")."""
+    and its normalisation within a step group ("std" or "mean"). ``process_weight``: the weight of the
+    rows' ``process_reward`` (null or missing = a step without one; docs/algorithms.md, "Process
+    rewards"); 0 = outcome only, the column is then not read."""
     est = get_advantage_estimator(estimator)
     L = max(max(len(r["response_ids"]) for r in rows), 1)
     mask = pad_rows([[1.0] * len(r["response_ids"]) for r in rows], L)  # (B, L)
@@ -91,10 +103,19 @@ def compute_advantages(
     elif est.critic == "step":
         values = torch.tensor([float(r["values"][0]) for r in rows])
     obs_index = _index(step_group_keys(rows)) if est.needs_obs_index else None
+    process: dict[str, Any] = {}
+    if process_weight != 0:
+        scores = [process_score(r) for r in rows]
+        process = dict(
+            process_rewards=torch.tensor([0.0 if p is None else p for p in scores]),  # (B,)
+            process_mask=torch.tensor([p is not None for p in scores]),  # (B,)
+            process_weight=process_weight,
+        )
     out = est(
         rewards=rewards, response_mask=mask, traj_index=_index([r["traj_id"] for r in rows]),
         step_index=torch.tensor([int(r["step"]) for r in rows]), group_index=_index([r["group_id"] for r in rows]),
         values=values, obs_index=obs_index, gamma=gamma, lam=lam, step_weight=step_weight, step_norm=step_norm,
+        **process,
     )  # fmt: skip
     result = []
     for i, r in enumerate(rows):

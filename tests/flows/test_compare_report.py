@@ -161,3 +161,35 @@ def test_missing_inputs_are_listed_before_the_flow_starts(workspace):
         compare.StageError, match=r"1 input file\(s\) missing, e.g. metrics/eval_grpo-s1.json"
     ):
         compare.main(str(root / "params.yaml"))
+
+
+def test_per_tool_columns_of_a_two_tool_task(workspace):
+    """search_calc's per-tool metrics ("<tool>/<metric>") get a column each, by tool, then the overall
+    right-tool rate; the SFT row shows its own values, a run without them "-"."""
+    root, params = workspace
+    tool_metrics = {
+        "search/calls_per_episode": 1.5,
+        "search/valid_rate": 1.0,
+        "search/right_tool_rate": 0.9,
+        "calculator/calls_per_episode": 0.25,
+        "calculator/valid_rate": 0.8,
+        "calculator/right_tool_rate": 1.0,
+        "right_tool_rate": 0.7,
+    }
+    path = root / "metrics" / "eval_sft.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **tool_metrics}))
+    report = Path(compare.table.fn(params)).read_text()
+    header = cells(report, "algorithm")
+    want = [
+        "calculator calls per episode",
+        "calculator valid",
+        "calculator right tool",
+        "search calls per episode",
+        "search valid",
+        "search right tool",
+        "right tool rate",
+    ]
+    assert [h for h in header if h in want] == want
+    sft = dict(zip(header, cells(report, "sft")))
+    assert sft["calculator calls per episode"] == "0.250" and sft["right tool rate"] == "0.700"
+    assert dict(zip(header, cells(report, "grpo")))["search valid"] == "-"
