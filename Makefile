@@ -71,8 +71,9 @@ serve: setup
 	  $(if $(CRON),--cron "$(CRON)") $(if $(INTERVAL),--interval $(INTERVAL)) $(if $(POOL),--pool $(POOL))
 
 # --- Runs on other machines (README "Scaling out"): a work pool, workers, a DVC remote ---
-# POOL: the Prefect work pool (process type) of `make deploy` / `make worker`.
-POOL ?= steprl
+# POOL (no default; e.g. POOL=steprl): the Prefect work pool (process type) of `make serve POOL=...`,
+# `make deploy` and `make worker`. Without it `make serve` is as before and deploy/worker stop.
+NEED_POOL = $(if $(POOL),,$(error POOL is not set: name the work pool, e.g. make $@ POOL=steprl))
 # PREFECT_API_URL / MLFLOW_TRACKING_URI: the servers a worker reports to (default: this machine's
 # `make serve`); on another machine e.g. PREFECT_API_URL=http://server:4200/api.
 PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
@@ -90,7 +91,7 @@ DVC_REMOTE ?= $(abspath $(CURDIR)/../steprl-dvc-remote)
 # Register (or update) pipeline/on-$(POOL) on work pool $(POOL) (created if missing) on the Prefect
 # server at PREFECT_API_URL; schedules made in the UI are kept. `make serve POOL=...` does it too.
 deploy: setup
-	PREFECT_API_URL=$(PREFECT_API_URL) python -m flows.pool deploy --pool $(POOL)
+	$(NEED_POOL)PREFECT_API_URL=$(PREFECT_API_URL) python -m flows.pool deploy --pool $(POOL)
 
 # A worker of work pool $(POOL) in this clone: Prefect's own `prefect worker start`, one flow run at a
 # time (--limit 1), each run in this clone (STEPRL_REPO, its code via PYTHONPATH), reporting to
@@ -98,7 +99,7 @@ deploy: setup
 # One worker per clone: start a second one from a second clone. Ctrl-C stops it. WORKER_NAME=<name>:
 # its name in the Prefect UI (default: Prefect's ProcessWorker-<id>).
 worker: setup
-	cd $(CURDIR) && STEPRL_REPO=$(CURDIR) PYTHONPATH=$(CURDIR) PREFECT_HOME=$(CURDIR)/.prefect \
+	$(NEED_POOL)cd $(CURDIR) && STEPRL_REPO=$(CURDIR) PYTHONPATH=$(CURDIR) PREFECT_HOME=$(CURDIR)/.prefect \
 	  PREFECT_API_URL=$(PREFECT_API_URL) MLFLOW_TRACKING_URI=$(MLFLOW_TRACKING_URI) \
 	  STEPRL_PUSH=$(PUSH) STEPRL_SERVED_ARTIFACTS=$(SERVED_ARTIFACTS) \
 	  prefect worker start --pool $(POOL) --type process --limit 1 $(if $(WORKER_NAME),--name $(WORKER_NAME))

@@ -211,13 +211,8 @@ def start(
 
 
 def pool_urls(ep: Endpoints, pool: str | None) -> dict[str, str]:
-    """{name: URL} of the work pool and its deployment (what answers 200 once registered), {} without."""
-    if not pool:
-        return {}
-    return {
-        "work pool": f"{ep.prefect_url}/api/work_pools/{pool}",
-        "pool deployment": f"{ep.prefect_url}/api/deployments/name/pipeline/on-{pool}",
-    }
+    """{name: URL} of the pool's deployment (answers 200 once registered, on the pool), {} without."""
+    return {"pool deployment": f"{ep.prefect_url}/api/deployments/name/pipeline/on-{pool}"} if pool else {}
 
 
 def _stop_deployment(pid: int | None, grace: float) -> None:
