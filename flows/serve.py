@@ -183,7 +183,12 @@ def start(
             print(f"error: {', '.join(pending)} did not answer within {timeout:.0f} s", flush=True)
             failed.append(pending)
             return os.kill(os.getpid(), signal.SIGTERM)
-        state = {"pid": os.getpid(), **ep._asdict(), "pool": pool, "started": time.ctime()}
+        state = {
+            "pid": os.getpid(),
+            **ep._asdict(),
+            **({"pool": pool} if pool else {}),
+            "started": time.ctime(),
+        }
         state_path.write_text(json.dumps(state))
         print(
             f"steprl services are up ({time.time() - began:.1f} s):\n"

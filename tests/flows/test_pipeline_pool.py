@@ -197,3 +197,21 @@ def test_make_worker_runs_prefects_worker_in_this_clone():
         check=True,
     ).stdout
     assert "--pool" not in plain  # make serve as before
+
+
+def test_status_shows_the_pool_deployment_of_a_start_with_a_pool(monkeypatch, capsys):
+    ep = Endpoints()
+    dep = {"id": "d-1", "status": "READY", "paused": False, "schedules": []}
+    answers = {
+        ep.urls["prefect"]: (200, True),
+        ep.urls["mlflow"]: (200, "OK"),
+        ep.urls["deployment"]: (200, dep),
+        serve.pool_urls(ep, "steprl")["pool deployment"]: (200, {**dep, "status": "NOT_READY"}),
+    }
+    monkeypatch.setattr(serve, "get_json", lambda url, body=None: answers.get(url, (0, None)))
+    monkeypatch.setattr(serve, "running", lambda path=None: {"pid": 1, "started": "now", "pool": "steprl"})
+    assert serve.status(ep) == 0
+    out = capsys.readouterr().out
+    assert "pipeline/on-steprl" in out and "NOT_READY on work pool steprl" in out  # no worker polls yet
+    monkeypatch.setattr(serve, "running", lambda path=None: {"pid": 1, "started": "now"})
+    assert serve.status(ep) == 0 and "on-steprl" not in capsys.readouterr().out  # make serve without POOL
