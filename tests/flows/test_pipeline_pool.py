@@ -174,29 +174,28 @@ def test_push_only_when_steprl_push_names_a_remote_and_dvc_has_one(exp_repo):
         push_experiment(repo, "nowhere", ref)
 
 
+def _make_n(*args: str) -> str:
+    """What `make <args>` would run here (-n), with none of the caller's Prefect/MLflow settings."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "STEPRL_", "MAKE"))
+    }
+    env.pop("POOL", None)  # nor a parent make's variables (`make test POOL=...`)
+    cmd = ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
+
+
 def test_make_worker_runs_prefects_worker_in_this_clone():
-    cmd = ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "worker", "POOL=p1", "PUSH="]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = _make_n("worker", "POOL=p1", "PUSH=")
     assert f"STEPRL_REPO={REPO} PYTHONPATH={REPO} PREFECT_HOME={REPO}/.prefect" in out
     assert "PREFECT_API_URL=http://127.0.0.1:4200/api MLFLOW_TRACKING_URI=http://127.0.0.1:5000" in out
     assert "STEPRL_PUSH= STEPRL_SERVED_ARTIFACTS=1" in out
     assert "prefect worker start --pool p1 --type process --limit 1" in out
-    serve_cmd = subprocess.run(
-        ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "serve", "POOL=p1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "--pool p1" in serve_cmd
-    plain = subprocess.run(
-        ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "serve"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    assert "--pool p1" in _make_n("serve", "POOL=p1")
+    plain = _make_n("serve")
     assert "--pool" not in plain  # make serve as before
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        _make_n("worker")
+    assert "POOL is not set: name the work pool, e.g. make worker POOL=steprl" in err.value.stderr
 
 
 def test_status_shows_the_pool_deployment_of_a_start_with_a_pool(monkeypatch, capsys):
