@@ -31,6 +31,7 @@ def deployment_name(pool: str) -> str:
 
 
 def check_pool(pool: str) -> str:
+    """``pool`` if it is a usable work-pool name (it also names the deployment), else ConfigError."""
     if not isinstance(pool, str) or not _POOL.match(pool):
         raise ConfigError(
             f"POOL {pool!r}: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
