@@ -68,12 +68,52 @@ mlflow-ui: setup
 # The services of the Procfile, run by honcho: Prefect server + the `pipeline` deployment (schedule
 # pipeline runs from the Prefect UI, each one a DVC experiment) + MLflow tracking server, all bound to
 # 127.0.0.1. Ctrl-C stops them all. Optional: PREFECT_PORT=4200 MLFLOW_PORT=5000, a schedule
-# CRON="0 3 * * *" or INTERVAL=<seconds>.
-.PHONY: serve status
+# CRON="0 3 * * *" or INTERVAL=<seconds>, and POOL=<name>: also deploy pipeline/on-<name> on that
+# Prefect work pool (created if missing) for `make worker`, with MLflow artifacts served to workers.
+.PHONY: serve status deploy worker remote
 PREFECT_PORT ?= 4200
 serve: setup
 	python -m flows.serve start --prefect-port $(PREFECT_PORT) --mlflow-port $(MLFLOW_PORT) \
-	  $(if $(CRON),--cron "$(CRON)") $(if $(INTERVAL),--interval $(INTERVAL))
+	  $(if $(CRON),--cron "$(CRON)") $(if $(INTERVAL),--interval $(INTERVAL)) $(if $(POOL),--pool $(POOL))
+
+# --- Runs on other machines (README "Scaling out"): a work pool, workers, a DVC remote ---
+# POOL (no default; e.g. POOL=steprl): the Prefect work pool (process type) of `make serve POOL=...`,
+# `make deploy` and `make worker`. Without it `make serve` is as before and deploy/worker stop.
+NEED_POOL = $(if $(POOL),,$(error POOL is not set: name the work pool, e.g. make $@ POOL=steprl))
+# PREFECT_API_URL / MLFLOW_TRACKING_URI: the servers a worker reports to (default: this machine's
+# `make serve`); on another machine e.g. PREFECT_API_URL=http://server:4200/api.
+PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
+MLFLOW_TRACKING_URI ?= http://127.0.0.1:$(MLFLOW_PORT)
+# PUSH: the git remote a worker's runs push their experiment to (`dvc exp push`, outputs to the
+# default DVC remote, see `make remote`); PUSH= (empty) keeps them local.
+PUSH ?= origin
+# SERVED_ARTIFACTS: 1 = a worker refuses MLflow experiments whose artifacts live at a file:// path
+# (it shares no disk with the server); 0 on the server's own machine.
+SERVED_ARTIFACTS ?= 1
+# DVC_REMOTE: where `make remote` points this clone's default DVC remote (a directory; or an
+# S3-compatible URL, see the README); default: steprl-dvc-remote next to this clone.
+DVC_REMOTE ?= $(abspath $(CURDIR)/../steprl-dvc-remote)
+
+# Register (or update) pipeline/on-$(POOL) on work pool $(POOL) (created if missing) on the Prefect
+# server at PREFECT_API_URL; schedules made in the UI are kept. `make serve POOL=...` does it too.
+deploy: setup
+	$(NEED_POOL)PREFECT_API_URL=$(PREFECT_API_URL) python -m flows.pool deploy --pool $(POOL)
+
+# A worker of work pool $(POOL) in this clone: Prefect's own `prefect worker start`, one flow run at a
+# time (--limit 1), each run in this clone (STEPRL_REPO, its code via PYTHONPATH), reporting to
+# PREFECT_API_URL and MLFLOW_TRACKING_URI and pushing its experiment to git remote $(PUSH).
+# One worker per clone: start a second one from a second clone. Ctrl-C stops it. WORKER_NAME=<name>:
+# its name in the Prefect UI (default: Prefect's ProcessWorker-<id>).
+worker: setup
+	$(NEED_POOL)cd $(CURDIR) && STEPRL_REPO=$(CURDIR) PYTHONPATH=$(CURDIR) PREFECT_HOME=$(CURDIR)/.prefect \
+	  PREFECT_API_URL=$(PREFECT_API_URL) MLFLOW_TRACKING_URI=$(MLFLOW_TRACKING_URI) \
+	  STEPRL_PUSH=$(PUSH) STEPRL_SERVED_ARTIFACTS=$(SERVED_ARTIFACTS) \
+	  prefect worker start --pool $(POOL) --type process --limit 1 $(if $(WORKER_NAME),--name $(WORKER_NAME))
+
+# Make DVC_REMOTE this clone's default DVC remote `steprl` (in .dvc/config.local, not committed), so
+# `dvc exp push` / `dvc exp pull` / `dvc pull` move the outputs through it.
+remote: setup
+	dvc remote add --local --force --default steprl $(DVC_REMOTE)
 
 # URLs of the services and whether each answers (exit 1 if one does not).
 status: setup

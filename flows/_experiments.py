@@ -33,6 +33,9 @@ PARAM_KEYS = {
     "model_path": "model.path",
 }
 RUNS_DIR = Path(".dvc") / "tmp" / "steprl-runs"
+# The git remote a run pushes its experiment to (`dvc exp push`, outputs to the DVC default remote);
+# unset or empty: no push. `make worker` sets it (PUSH=origin). README: "Scaling out".
+PUSH_ENV = "STEPRL_PUSH"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -282,3 +285,35 @@ def run_experiment(
             f"dvc exp run finished but experiment {name!r} does not exist; output:\n{log[-3000:]}"
         )
     return ExperimentResult(name=name, ref=exp[0], rev=exp[1], baseline_rev=rev, log=log)
+
+
+def push_remote(repo: Path, env: dict[str, str] | None = None) -> str | None:
+    """The git remote the runs of ``repo`` push their experiments to (``STEPRL_PUSH`` in ``env``, by
+    default os.environ), None when unset. ConfigError naming the setting when that git remote or a
+    default DVC remote (`dvc remote add -d`, `make remote`) is missing: checked before a run starts."""
+    from dvc.repo import Repo
+
+    remote = (os.environ if env is None else env).get(PUSH_ENV, "").strip()
+    if not remote:
+        return None
+    if remote not in _git(repo, "remote").split():
+        raise ConfigError(f"{PUSH_ENV}={remote!r}: {repo} has no git remote of that name (`git remote -v`)")
+    with Repo(str(repo)) as dvc_repo:
+        if not dvc_repo.config["core"].get("remote"):
+            raise ConfigError(
+                f"{PUSH_ENV}={remote!r}: {repo} has no default DVC remote for the outputs; add one with"
+                " `make remote DVC_REMOTE=<dir or s3://...>` (or unset PUSH)"
+            )
+    return remote
+
+
+def push_experiment(repo: Path, remote: str, ref: str) -> str:
+    """`dvc exp push <remote> <ref>`: the experiment's git ref to git remote ``remote`` and its cached
+    outputs to the default DVC remote. Returns dvc's output; ExperimentError when it fails."""
+    cmd = [sys.executable, "-m", "dvc", "exp", "push", remote, ref]
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ExperimentError(
+            f"dvc exp push {remote} failed in {repo}: {(proc.stderr or proc.stdout).strip()[-2000:]}"
+        )
+    return (proc.stdout + proc.stderr).strip()

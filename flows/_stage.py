@@ -120,6 +120,22 @@ def ensure_experiment(name: str, artifact_location: str | None = None) -> str:
     return mlflow.get_experiment_by_name(name).experiment_id
 
 
+# "1" (make worker): this process shares no disk with the MLflow server, so a run's artifacts must go
+# through it (an experiment root mlflow-artifacts:/, as `make serve POOL=...` creates them).
+SERVED_ARTIFACTS_ENV = "STEPRL_SERVED_ARTIFACTS"
+
+
+def check_served_artifacts(experiment: str, location: str) -> None:
+    """ConfigError naming the settings when experiment ``experiment`` keeps its artifacts at a
+    ``file:`` location: a worker without a shared disk would write them to its own disk, unseen."""
+    if location.startswith("file:") or ":" not in location:
+        raise ConfigError(
+            f"{SERVED_ARTIFACTS_ENV}=1: MLflow experiment {experiment!r} keeps its artifacts at {location}, "
+            "a path on the server's disk; log to a new experiment (-S mlflow.experiment=<name>) made by "
+            "`make serve POOL=...` (mlflow-artifacts:/), or SERVED_ARTIFACTS=0 if this worker shares that disk"
+        )
+
+
 @contextlib.contextmanager
 def mlflow_run(
     params: Params,
@@ -141,7 +157,10 @@ def mlflow_run(
     mlflow.set_tracking_uri(uri)
     name = params.mlflow.experiment or params.task
     location = (REPO / "mlflow" / "artifacts").as_uri() if uri.startswith("sqlite:") else None
-    mlflow.set_experiment(experiment_id=ensure_experiment(name, location))
+    experiment_id = ensure_experiment(name, location)
+    if os.environ.get(SERVED_ARTIFACTS_ENV) == "1":
+        check_served_artifacts(name, mlflow.get_experiment(experiment_id).artifact_location)
+    mlflow.set_experiment(experiment_id=experiment_id)
     dumped = params.model_dump()
     flat = {"task": params.task, "seed": params.seed}
     for s in sections:

@@ -6,7 +6,6 @@ logged to one MLflow run with the stage runs nested under it; the flow `make ser
 """
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -21,7 +20,15 @@ from pydantic import Field
 
 from components.config import ConfigError
 from flows import REPO
-from flows._experiments import check_experiment_name, experiment_ref, plan_run, read_metrics, run_experiment
+from flows._experiments import (
+    check_experiment_name,
+    experiment_ref,
+    plan_run,
+    push_experiment,
+    push_remote,
+    read_metrics,
+    run_experiment,
+)
 from flows._stage import flatten, mlflow_run, tracking_uri
 
 # `dvc exp run` as a task of the flow run: a SIGTERM (Ctrl-C of `make serve`) is logged as its crash
@@ -61,6 +68,7 @@ def pipeline(
 
     named = dict(task=task, algorithms=algorithms, seed=seed, iterations=iterations, model_path=model_path)
     rev, run_overrides, params = plan_run(REPO, baseline, overrides, **named)
+    remote = push_remote(REPO)  # STEPRL_PUSH (make worker): checked before anything runs
     targets = targets or []
     name = check_experiment_name(experiment_name or flow_run.get_name() or time.strftime("run-%Y%m%d-%H%M%S"))
     if experiment_ref(REPO, rev, name):
@@ -98,6 +106,10 @@ def pipeline(
         mlflow.set_tags({"steprl.dvc_ref": result.ref, "steprl.dvc_rev": result.rev})
         mlflow.log_metrics(metrics := read_metrics(REPO, result.rev, since=rev))
         mlflow.log_text(result.log, "dvc_exp_run.log")
+        if remote:  # the experiment's git ref to the git remote, its outputs to the DVC remote
+            mlflow.log_text(push_experiment(REPO, remote, result.ref) + "\n", "dvc_exp_push.log")
+            mlflow.set_tag("steprl.dvc_pushed_to", remote)
+            print(f"pushed experiment {name!r} to git remote {remote!r} and the default DVC remote")
     print(f"DVC experiment {name!r} ({result.rev[:7]}): `dvc exp show`, `dvc exp apply {name}`")
     return {
         "experiment": name,
@@ -107,35 +119,35 @@ def pipeline(
         "overrides": run_overrides,
         "mlflow_run_id": run.info.run_id,
         "metrics": metrics,
+        "pushed_to": remote,
     }
 
 
 def serve_deployment() -> None:
     """Serve pipeline/steprl from this process (blocks; flow runs are subprocesses) with the Procfile's
     settings: STEPRL_SCHEDULE_CRON or _INTERVAL (seconds), STEPRL_OVERRIDES (a JSON list). Without a
-    schedule it keeps the deployment's schedules (made in the UI), which `serve` would replace by none."""
+    schedule it keeps the deployment's schedules (made in the UI), which `serve` would replace by none.
+    With STEPRL_WORK_POOL (make serve POOL=...) it first registers pipeline/on-<pool> on that work pool
+    (flows/pool.py), for the workers of other clones."""
     import warnings
 
-    from prefect import get_client
-    from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.deployments.runner import EntrypointType
-    from prefect.exceptions import ObjectNotFound
+
+    from flows.pool import deploy, deployment_name, kept_schedules
 
     # Prefect's SIGTERM handler calls the async Runner.stop without awaiting it; keep its warning out
     warnings.filterwarnings("ignore", "coroutine 'Runner.astop' was never awaited")
     cron, interval = os.environ.get("STEPRL_SCHEDULE_CRON"), os.environ.get("STEPRL_SCHEDULE_INTERVAL")
-    kept = []
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
-        kept = [
-            DeploymentScheduleCreate(schedule=s.schedule, active=s.active, parameters=s.parameters)
-            for s in client.read_deployment_by_name("pipeline/steprl").schedules
-        ]
     overrides = json.loads(os.environ.get("STEPRL_OVERRIDES") or "[]")
+    if pool := os.environ.get("STEPRL_WORK_POOL"):
+        deploy(pool, overrides)
+        print(f"deployment pipeline/{deployment_name(pool)} on work pool {pool!r}: `make worker POOL={pool}`")
+    kept = [] if cron or interval else kept_schedules("pipeline/steprl")
     pipeline.serve(
         name="steprl",
         cron=cron or None,
         interval=timedelta(seconds=float(interval)) if interval else None,
-        schedules=None if cron or interval else kept or None,
+        schedules=kept or None,
         parameters={"overrides": overrides} if overrides else None,
         limit=1,  # one run at a time, the next ones wait
         tags=["steprl"],

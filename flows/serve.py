@@ -83,9 +83,13 @@ def running(path: Path | None = None) -> dict | None:
     return None
 
 
-def service_env(ep: Endpoints, *, cron=None, interval=None, overrides: Sequence[str] = (), repo=REPO):
+def service_env(
+    ep: Endpoints, *, cron=None, interval=None, overrides: Sequence[str] = (), repo=REPO, pool=None
+):
     """The Procfile's environment: the endpoints in the tools' own settings, the deployment's schedule
-    and default overrides, none of the caller's Prefect/MLflow settings."""
+    and default overrides, none of the caller's Prefect/MLflow settings. With a work ``pool``: the
+    deployment process also registers pipeline/on-<pool>, and the MLflow server serves the artifacts
+    of the experiments it creates (mlflow-artifacts:/), so workers need no shared disk."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "STEPRL_"))}
     return {
         **env,
@@ -104,6 +108,8 @@ def service_env(ep: Endpoints, *, cron=None, interval=None, overrides: Sequence[
         "STEPRL_SCHEDULE_CRON": cron or "",
         "STEPRL_SCHEDULE_INTERVAL": f"{interval:g}" if interval else "",
         "STEPRL_OVERRIDES": json.dumps(list(overrides)),
+        "STEPRL_WORK_POOL": pool or "",
+        "STEPRL_MLFLOW_SERVE_ARTIFACTS": "1" if pool else "",
     }
 
 
@@ -119,10 +125,12 @@ def start(
     state_path: Path | None = None,
     processes: Mapping[str, str] | None = None,
     ready: Mapping[str, str] | None = None,
+    pool: str | None = None,
 ) -> int:
     """Run ``processes`` (default: the Procfile) with honcho until Ctrl-C/SIGTERM (exit 0) or one of
     them exits (exit 1: honcho stops the others). ``ready``: {name: URL answering 200 once it is up},
-    by default ``ep.urls`` (the deployment's record: once this start has re-registered it). On a stop
+    by default ``ep.urls`` (the deployment's record: once this start has re-registered it; with a work
+    ``pool`` also pipeline/on-<pool>'s, see service_env). On a stop
     the deployment goes first (its flow runs report to both servers as they stop), SIGKILL follows
     after ``grace``; this process is the subreaper of them all, so what they orphaned is stopped too."""
     import honcho.manager
@@ -142,7 +150,7 @@ def start(
         (repo / logs).mkdir(exist_ok=True)
     with contextlib.suppress(AttributeError):  # Linux: what the services orphan is re-parented to us
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # (PR_SET_CHILD_SUBREAPER), so Ctrl-C stops it too
-    began, pending, failed = time.time(), dict(ready or ep.urls), []
+    began, pending, failed = time.time(), dict(ready or {**ep.urls, **pool_urls(ep, pool)}), []
 
     class Manager(honcho.manager.Manager):
         stopping = False
@@ -155,7 +163,8 @@ def start(
             # honcho waits for each process's output to end: kill what still holds it after the grace
             threading.Thread(target=lambda: (time.sleep(grace + 5), _kill_all()), daemon=True).start()
 
-    manager, env = Manager(), service_env(ep, cron=cron, interval=interval, overrides=overrides, repo=repo)
+    env = service_env(ep, cron=cron, interval=interval, overrides=overrides, repo=repo, pool=pool)
+    manager = Manager()
     for name, cmd in (processes or parse_procfile((repo / "Procfile").read_text()).processes).items():
         manager.add_process(name, cmd, env=env, cwd=str(repo))
     honcho.manager.KILL_WAIT = grace  # a flow run takes ~8 s to stop its `dvc exp run` (2 busy cores)
@@ -174,12 +183,23 @@ def start(
             print(f"error: {', '.join(pending)} did not answer within {timeout:.0f} s", flush=True)
             failed.append(pending)
             return os.kill(os.getpid(), signal.SIGTERM)
-        state_path.write_text(json.dumps({"pid": os.getpid(), **ep._asdict(), "started": time.ctime()}))
+        state = {
+            "pid": os.getpid(),
+            **ep._asdict(),
+            **({"pool": pool} if pool else {}),
+            "started": time.ctime(),
+        }
+        state_path.write_text(json.dumps(state))
         print(
             f"steprl services are up ({time.time() - began:.1f} s):\n"
             f"  Prefect UI   {ep.prefect_url}   deployment pipeline/steprl: Deployments -> steprl -> Run\n"
             f"  MLflow UI    {ep.mlflow_url}\n"
-            '  your shell:  eval "$(.venv/bin/python -m flows.serve env)"   so your own dvc runs report here too\n'
+            + (
+                f"  work pool    {pool}: deployment pipeline/on-{pool}; workers: make worker POOL={pool}\n"
+                if pool
+                else ""
+            )
+            + '  your shell:  eval "$(.venv/bin/python -m flows.serve env)"   so your own dvc runs report here too\n'
             "Ctrl-C stops everything.",
             flush=True,
         )
@@ -193,6 +213,11 @@ def start(
             state_path.unlink()
         print("all steprl services stopped", flush=True)
     return 0 if manager.returncode in (130, 143) and not failed else 1  # a signal, else one of them died
+
+
+def pool_urls(ep: Endpoints, pool: str | None) -> dict[str, str]:
+    """{name: URL} of the pool's deployment (answers 200 once registered, on the pool), {} without."""
+    return {"pool deployment": f"{ep.prefect_url}/api/deployments/name/pipeline/on-{pool}"} if pool else {}
 
 
 def _stop_deployment(pid: int | None, grace: float) -> None:
@@ -257,6 +282,14 @@ def status(ep: Endpoints, state_path: Path | None = None) -> int:
     else:
         what = "not registered"
     print(f"  deployment      pipeline/steprl            {what}")
+    if pool := (state or {}).get("pool"):
+        code, dep = get_json(pool_urls(ep, pool)["pool deployment"])
+        on = (
+            f"{dep['status']} on work pool {pool}"
+            if code == 200 and isinstance(dep, dict)
+            else "not registered"
+        )
+        print(f"  deployment      pipeline/on-{pool:<17} {on} (workers: make worker POOL={pool})")
     return 0 if got["mlflow"][0] == 200 and what.startswith("READY") else 1
 
 
@@ -270,6 +303,15 @@ def _interval(text: str) -> float:
     from prefect.client.schemas.schedules import IntervalSchedule
 
     return IntervalSchedule(interval=float(text)).interval.total_seconds()
+
+
+def _pool(text: str) -> str:
+    from flows.pool import check_pool
+
+    try:
+        return check_pool(text)
+    except ValueError as err:  # ConfigError: argparse names the flag
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _port(text: str) -> int:
@@ -290,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     when.add_argument("--interval", type=_interval, help="a schedule: every that many seconds")
     st.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     st.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the services")
+    st.add_argument(
+        "--pool", type=_pool, help="also deploy the pipeline on this Prefect work pool (make worker)"
+    )
     args = vars(parser.parse_args(argv))
     command, state = args.pop("command"), running() or {}
     ports = Endpoints._field_defaults.items()  # the flag, else the running start's, else the default
