@@ -45,12 +45,13 @@ def test_the_pool_deployment_runs_the_pipeline_module_in_the_workers_clone(monke
 
 def test_the_pull_step_resolves_to_the_workers_clone(monkeypatch, tmp_path):
     """Prefect's own step runner, as a flow run of a worker runs it: the directory is the worker's."""
-    import anyio
+    import asyncio
+
     from prefect.deployments.steps.core import run_steps
 
     monkeypatch.setenv("STEPRL_REPO", str(tmp_path))
     monkeypatch.chdir(REPO)
-    out = anyio.run(run_steps, [pool.PULL_STEP])
+    out = asyncio.run(run_steps([pool.PULL_STEP]))
     assert Path(out["directory"]) == tmp_path and Path.cwd() == tmp_path
 
 
