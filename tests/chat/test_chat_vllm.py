@@ -28,7 +28,8 @@ from tests.chat.chat_helpers import (
     live_group_members,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# In the default run (about 100 s on 2 shared cores): the only test of the chat against a real server.
+pytestmark = pytest.mark.vllm
 
 
 def _bad_feedback() -> str:
