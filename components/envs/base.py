@@ -48,11 +48,13 @@ class BaseTool(ABC):
     def execute(self, args: dict[str, Any]) -> ToolResult:
         """Run on arguments already validated against ``parameters``."""
 
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI function schema (what ``apply_chat_template(tools=...)`` takes)."""
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """The OpenAI function schema (what ``apply_chat_template(tools=...)`` takes); from the class
+        alone, so a task lists its tools without building them (a search tool needs its index)."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+            "function": {"name": cls.name, "description": cls.description, "parameters": cls.parameters},
         }
 
 

@@ -34,4 +34,4 @@ def make_env(
 
 def tools() -> list[dict[str, Any]]:
     """The OpenAI tool schemas of the calc task (for ``apply_chat_template(tools=...)``)."""
-    return [get_tool(CalculatorTool.name)().schema()]
+    return [get_tool(CalculatorTool.name).schema()]

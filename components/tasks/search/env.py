@@ -102,10 +102,4 @@ def make_env(
 
 def tools() -> list[dict[str, Any]]:
     """The OpenAI tool schemas of the search task (for ``apply_chat_template(tools=...)``)."""
-    tool = get_tool("search")
-    return [
-        {
-            "type": "function",
-            "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
-        }
-    ]
+    return [get_tool("search").schema()]

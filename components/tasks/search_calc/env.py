@@ -180,12 +180,4 @@ def make_env(
 
 def tools() -> list[dict[str, Any]]:
     """The OpenAI tool schemas of the task: search, then calculator."""
-    return [_schema(name) for name in TOOLS]
-
-
-def _schema(name: str) -> dict[str, Any]:
-    tool = get_tool(name)
-    return {
-        "type": "function",
-        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
-    }
+    return [get_tool(name).schema() for name in TOOLS]
