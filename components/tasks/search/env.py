@@ -69,6 +69,33 @@ class SearchEnv(ToolEnv):
         return out
 
 
+def search_tool(
+    task: str,
+    *,
+    data_dir: str | Path | None,
+    index: SearchIndex | None,
+    top_k: int | None,
+    max_result_chars: int | None,
+) -> tuple[SearchTool, int]:
+    """The ``search`` tool over ``index``, or over the index ``prepare`` saved in ``data_dir``
+    (``data_dir/index``, with the tool settings of ``tool.json`` unless given here), and its
+    ``max_result_chars``. ``task`` names the environment in the error when neither is given."""
+    settings = {"top_k": DEFAULT_TOP_K, "max_result_chars": DEFAULT_MAX_RESULT_CHARS}
+    if index is None:
+        if data_dir is None:
+            raise ValueError(f"the {task} environment needs data_dir (the task's prepare output) or an index")
+        directory = Path(data_dir) / INDEX_DIR
+        index = load_index(directory)
+        if (directory / TOOL_FILE).is_file():
+            settings.update(json.loads((directory / TOOL_FILE).read_text()))
+    if top_k is not None:
+        settings["top_k"] = top_k
+    if max_result_chars is not None:
+        settings["max_result_chars"] = max_result_chars
+    tool = get_tool("search")(index, top_k=settings["top_k"], max_result_chars=settings["max_result_chars"])
+    return tool, settings["max_result_chars"]
+
+
 def make_env(
     row: Mapping[str, Any] | None = None,
     *,
@@ -79,25 +106,11 @@ def make_env(
     max_result_chars: int | None = None,
 ) -> SearchEnv:
     """A fresh search environment over ``index``, or over the index ``prepare`` saved in ``data_dir``
-    (``data_dir/index``, with the tool settings of ``tool.json`` unless given here)."""
-    settings = {"top_k": DEFAULT_TOP_K, "max_result_chars": DEFAULT_MAX_RESULT_CHARS}
-    if index is None:
-        if data_dir is None:
-            raise ValueError("the search environment needs data_dir (the task's prepare output) or an index")
-        directory = Path(data_dir) / INDEX_DIR
-        index = load_index(directory)
-        if (directory / TOOL_FILE).is_file():
-            settings.update(json.loads((directory / TOOL_FILE).read_text()))
-    if top_k is not None:
-        settings["top_k"] = top_k
-    if max_result_chars is not None:
-        settings["max_result_chars"] = max_result_chars
-    tool = get_tool("search")(index, top_k=settings["top_k"], max_result_chars=settings["max_result_chars"])
-    return SearchEnv(
-        tool,
-        malformed_penalty=malformed_penalty,
-        max_output_chars=max(settings["max_result_chars"] + 100, 200),
+    (:func:`search_tool`)."""
+    tool, chars = search_tool(
+        "search", data_dir=data_dir, index=index, top_k=top_k, max_result_chars=max_result_chars
     )
+    return SearchEnv(tool, malformed_penalty=malformed_penalty, max_output_chars=max(chars + 100, 200))
 
 
 def tools() -> list[dict[str, Any]]:

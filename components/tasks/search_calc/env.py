@@ -33,10 +33,9 @@ from components.envs.base import StepOutcome, ToolEnv
 from components.envs.registry import get_tool
 from components.tasks.calc.calculator import CalculatorTool, evaluate
 from components.tasks.calc.reward import normalize_number, parse_answer, score
-from components.tasks.search.env import gold_titles
-from components.tasks.search.index import SearchIndex, load_index
-from components.tasks.search.params import INDEX_DIR, TOOL_FILE
-from components.tasks.search.tool import DEFAULT_MAX_RESULT_CHARS, DEFAULT_TOP_K, SearchTool
+from components.tasks.search.env import gold_titles, search_tool
+from components.tasks.search.index import SearchIndex
+from components.tasks.search.tool import SearchTool
 from components.tasks.search_calc.prompts import SYSTEM_PROMPT
 
 __all__ = ["TOOLS", "SearchCalcEnv", "make_env", "tools"]
@@ -156,26 +155,12 @@ def make_env(
     top_k: int | None = None,
     max_result_chars: int | None = None,
 ) -> SearchCalcEnv:
-    """A fresh environment over ``index``, or over the index ``prepare`` saved in ``data_dir``."""
-    settings = {"top_k": DEFAULT_TOP_K, "max_result_chars": DEFAULT_MAX_RESULT_CHARS}
-    if index is None:
-        if data_dir is None:
-            raise ValueError(
-                "the search_calc environment needs data_dir (the task's prepare output) or an index"
-            )
-        directory = Path(data_dir) / INDEX_DIR
-        index = load_index(directory)
-        if (directory / TOOL_FILE).is_file():
-            settings.update(json.loads((directory / TOOL_FILE).read_text()))
-    settings.update(
-        {k: v for k, v in (("top_k", top_k), ("max_result_chars", max_result_chars)) if v is not None}
+    """A fresh environment over ``index``, or over the index ``prepare`` saved in ``data_dir``
+    (the search task's :func:`search_tool`)."""
+    search, chars = search_tool(
+        "search_calc", data_dir=data_dir, index=index, top_k=top_k, max_result_chars=max_result_chars
     )
-    search = get_tool("search")(index, top_k=settings["top_k"], max_result_chars=settings["max_result_chars"])
-    return SearchCalcEnv(
-        search,
-        malformed_penalty=malformed_penalty,
-        max_output_chars=max(settings["max_result_chars"] + 100, 200),
-    )
+    return SearchCalcEnv(search, malformed_penalty=malformed_penalty, max_output_chars=max(chars + 100, 200))
 
 
 def tools() -> list[dict[str, Any]]:
