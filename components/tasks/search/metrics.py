@@ -17,10 +17,21 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["episode_metrics"]
+__all__ = ["by_trajectory", "episode_metrics", "final_numbers"]
 
 
-def _final(traj: list[Mapping[str, Any]]) -> dict[str, float]:
+def by_trajectory(steps: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Step records grouped by ``traj_id``, in their order; ValueError naming a record without one."""
+    by_traj: dict[str, list[Mapping[str, Any]]] = {}
+    for i, s in enumerate(steps):
+        if "traj_id" not in s:
+            raise ValueError(f"step record {i} has no 'traj_id' (keys: {sorted(s)})")
+        by_traj.setdefault(str(s["traj_id"]), []).append(s)
+    return by_traj
+
+
+def final_numbers(traj: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``task_metrics`` of the trajectory's last step that has them ({} if none)."""
     for s in reversed(traj):
         raw = s.get("task_metrics")
         if raw:
@@ -29,16 +40,12 @@ def _final(traj: list[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def episode_metrics(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    by_traj: dict[str, list[Mapping[str, Any]]] = {}
-    for i, s in enumerate(steps):
-        if "traj_id" not in s:
-            raise ValueError(f"step record {i} has no 'traj_id' (keys: {sorted(s)})")
-        by_traj.setdefault(str(s["traj_id"]), []).append(s)
+    by_traj = by_trajectory(steps)
     n = max(len(by_traj), 1)
     em = f1 = queries = 0.0
     hits: list[float] = []
     for traj in by_traj.values():
-        final = _final(traj)
+        final = final_numbers(traj)
         em += float(final.get("em", 0.0))
         f1 += float(final.get("f1", 0.0))
         queries += float(final.get("n_queries", sum(int(s.get("n_valid_calls", 0)) for s in traj)))

@@ -15,30 +15,17 @@ last step that has one (``env.py`` writes them at every step, so episodes cut by
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from components.tasks.search.metrics import by_trajectory, final_numbers
 from components.tasks.search_calc.env import TOOLS
 
 __all__ = ["episode_metrics"]
 
 
-def _last(traj: list[Mapping[str, Any]]) -> dict[str, Any]:
-    for s in reversed(traj):
-        raw = s.get("task_metrics")
-        if raw:
-            return json.loads(raw) if isinstance(raw, str) else dict(raw)
-    return {}
-
-
 def episode_metrics(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    by_traj: dict[str, list[Mapping[str, Any]]] = {}
-    for i, s in enumerate(steps):
-        if "traj_id" not in s:
-            raise ValueError(f"step record {i} has no 'traj_id' (keys: {sorted(s)})")
-        by_traj.setdefault(str(s["traj_id"]), []).append(s)
-    finals = [_last(t) for t in by_traj.values()]
+    finals = [final_numbers(t) for t in by_trajectory(steps).values()]
     n = max(len(finals), 1)
     total = lambda key: sum(float(f.get(key) or 0.0) for f in finals)  # noqa: E731
     out: dict[str, float] = {}
