@@ -119,8 +119,8 @@ class DeepSpeedParams(Section):
     # Training precision (components.precision): fp32, amp_bf16 (fp32 weights, bf16 autocast), bf16
     # (DeepSpeed's bf16 mode), or auto (amp_bf16 where the hardware has bf16 matmuls, else fp32).
     dtype: Literal["fp32", "amp_bf16", "bf16", "auto"] = "fp32"
-    # Data-parallel processes of the SFT stage on this machine (components.train.launch): each trains
-    # its share of every optimizer batch; the batch, schedule and result do not change with it.
+    # Data-parallel processes of the SFT and RL train stages on this machine (components.train.launch,
+    # rank_mirror): each trains its share of every optimizer batch; batch, schedule, result unchanged.
     world_size: int = Field(1, ge=1, le=64)
 
 

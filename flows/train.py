@@ -29,11 +29,13 @@ import uuid
 from pathlib import Path
 
 import polars as pl
+import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components.agent.loop import Episode, episode_metrics
 from components.config import CompareParams, Params
+from components.determinism import make_deterministic
 from components.envs import get_task
 from components.io import write_json, write_parquet, write_text
 from components.marker import MARKER_FILE as MARKER
@@ -41,6 +43,8 @@ from components.model.tiny import is_complete_checkpoint, save_hf
 from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
+from components.train.launch import local_world
+from components.train.rank_mirror import Leader, follow
 from components.train.rl_session import RLSession, SessionConfig, prune
 from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
@@ -52,7 +56,9 @@ from flows.train_metrics import anchor_metrics, iteration_metrics
 
 SFT = REPO / "models" / "sft"
 KEEP_CHECKPOINTS = 2
-_SESSION: dict[str, RLSession] = {}  # by run name; engines live in the flow process, never as task inputs
+_SESSION: dict[
+    str, RLSession | Leader
+] = {}  # by run name; engines live in the flow process, never as task inputs
 
 
 def resolved(params: Params, algo: str) -> dict:
@@ -253,7 +259,9 @@ def _sft_val_depends_on(params: Params) -> dict:
 
 
 # --- the flow ------------------------------------------------------------------------------------
-def _open_session(params: Params, algo: str) -> RLSession:
+def _open_session(params: Params, algo: str, *, rollout: bool = True) -> RLSession:
+    """The run's session; ``rollout=False`` (a follower rank of a data-parallel world) has no rollout
+    engine. With deepspeed.world_size > 1 vLLM runs in a process of its own (rank_mirror)."""
     parts, t, r, ds = resolved(params, algo), params.train, params.rollout, params.deepspeed
     cfg = SessionConfig(
         critic=parts["critic"],
@@ -266,7 +274,7 @@ def _open_session(params: Params, algo: str) -> RLSession:
         warmup_steps=t.lr_warmup_steps,
         adam_eps=t.adam_eps,
         micro_batch_size=t.micro_batch_size,
-        rollout_engine=r.engine,
+        rollout_engine=r.engine if rollout else None,
         rollout_dtype=r.dtype,
         max_model_len=r.max_prompt_len + r.max_response_len,
         kv_cache_gib=r.kv_cache_gib,
@@ -274,8 +282,19 @@ def _open_session(params: Params, algo: str) -> RLSession:
         old_logprobs=t.old_logprobs,
         gpu_memory_utilization=r.gpu_memory_utilization,
         sleep_during_update=r.sleep_during_update,
+        rollout_own_process=ds.world_size > 1,
     )
     return RLSession(SFT, cfg, get_task(params.task).tools())
+
+
+def _follower(rank: int, params: Params, algo: str, threads: int) -> None:
+    """Rank ``rank`` >= 1 of a data-parallel RL run: rank 0's engine calls on a session of its own."""
+    make_deterministic(params.seed, threads=threads)
+    session = _open_session(params, algo, rollout=False)
+    try:
+        follow(session)
+    finally:
+        session.close()
 
 
 def _prepare_run_dir(params: Params, algo: str, name: str) -> str:
@@ -301,14 +320,28 @@ def _finished(name: str, k: int) -> bool:
 @flow(name="train", log_prints=True)
 def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
     """RL run ``algo`` with RL seed ``rl_seed``: ``params.seed`` is the seed of the SFT model it starts
-    from; everything the run draws uses ``rl_seed`` instead."""
-    import mlflow
-
+    from; everything the run draws uses ``rl_seed`` instead. With deepspeed.world_size N > 1 this process
+    is rank 0 of N local ranks that share every update (components.train.rank_mirror)."""
     sft_seed, params = params.seed, params.model_copy(update={"seed": rl_seed})
     name = CompareParams.run_name(algo, rl_seed)
     run = _prepare_run_dir(params, algo, name)
+    world = params.deepspeed.world_size
+    threads = max(1, torch.get_num_threads() // world)  # the stage's threads shared among its ranks
+    if world > 1:
+        torch.set_num_threads(threads)
+        print(f"{name}: {world} data-parallel ranks on this machine, {threads} torch thread(s) each")
+    with local_world(world, _follower, (params, algo, threads)):  # this process is rank 0
+        return _run(params, algo, rl_seed, sft_seed, name, run)
+
+
+def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run: str) -> dict:
+    import mlflow
+
     t = params.train
-    session = _SESSION[name] = _open_session(params, algo)
+    session = _open_session(params, algo)
+    if params.deepspeed.world_size > 1:
+        session = Leader(session)
+    _SESSION[name] = session
     done = [k for k in range(t.iterations) if _finished(name, k)]
     last = max(done, default=-1)
     if last >= 0:
@@ -479,6 +512,11 @@ def main(params: str, algo: str, rl_seed: int) -> None:
         raise StageError(f"--algo {algo!r} is not a key of algorithms (known: {sorted(p.algorithms)})")
     if rl_seed < 0:
         raise StageError(f"--rl-seed {rl_seed}: an RL seed must be >= 0 (compare.seeds: {p.compare.seeds})")
+    if p.deepspeed.world_size > 1 and p.deepspeed.zero_stage == 3:
+        raise StageError(
+            f"train: deepspeed.world_size={p.deepspeed.world_size} with deepspeed.zero_stage=3: rank 0 alone "
+            "rolls out and scores with the actor, which needs whole weights on it (zero_stage 0-2)"
+        )
     if not is_complete_checkpoint(SFT):
         raise StageError(f"train: {SFT} is not a complete checkpoint (run the sft stage first)")
     train_rows = pl.scan_parquet(processed(p.task) / "train.parquet").select(pl.len()).collect().item()
@@ -488,11 +526,6 @@ def main(params: str, algo: str, rl_seed: int) -> None:
             "(lower sft.rows, or give the train split more rows)"
         )
     # names and cross-field rules (e.g. group estimators need samples_per_prompt >= 2) were checked at load
-    if p.deepspeed.world_size > 1:
-        print(
-            f"train: deepspeed.world_size={p.deepspeed.world_size} applies to the sft stage; the RL stage "
-            "runs one process (README, Scaling out)"
-        )
     critic = resolved(p, algo)["critic"] is not None
     check_gpu_memory(p, SFT, trained_models=1 + critic, reference=p.train.kl_coef > 0, rollout=True)
     train_flow(p, algo, rl_seed)

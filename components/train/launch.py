@@ -5,6 +5,7 @@
   what only it does (the stage's Prefect flow, MLflow logging, rollout, checkpoints) and meets the
   workers in DeepSpeed's collectives. On leaving, it waits for the workers; if rank 0 fails, they are
   terminated (a worker blocked in a collective would otherwise wait for the process group's timeout).
+  Rank 0's process group is destroyed on leaving.
 - :func:`run_local`: all ``world_size`` ranks spawned, ``fn(rank, *args)`` each; returns when all
   finished (tests, benchmarks).
 
@@ -24,6 +25,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from components.train.distributed import STORE_FILE_VAR
@@ -81,6 +83,8 @@ def local_world(world_size: int, fn: Callable[..., Any], args: tuple = ()) -> It
                     p.terminate()
             raise
         finally:
+            if dist.is_initialized():  # this world is over: a later world (or vLLM) starts afresh
+                dist.destroy_process_group()
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

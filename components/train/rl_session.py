@@ -41,7 +41,7 @@ class SessionConfig:
     warmup_steps: int
     adam_eps: float
     micro_batch_size: int
-    rollout_engine: str
+    rollout_engine: str | None  # "vllm", "hf", or None: no rollout here (a follower rank, rank_mirror)
     rollout_dtype: str
     max_model_len: int
     kv_cache_gib: float
@@ -54,6 +54,8 @@ class SessionConfig:
     # sleeps (weights to CPU, KV cache freed) while the actor and critic update.
     gpu_memory_utilization: float = 0.3
     sleep_during_update: bool = True
+    # vLLM in a process of its own: needed beside a data-parallel world of several ranks (vllm_engine).
+    rollout_own_process: bool = False
 
 
 class RLSession:
@@ -96,16 +98,21 @@ class RLSession:
         if cfg.use_ref:  # frozen, outside DeepSpeed: on the actor's device, where annotate feeds it
             ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval()
             self.ref = ref.to(model_device(self.actor.module))
-        self.rollout_engine = make_engine(
-            cfg.rollout_engine,
-            str(self.init_dir),
-            stop_token_ids=[self.tokenizer.eos_token_id],
-            dtype=cfg.rollout_dtype,
-            max_model_len=cfg.max_model_len,
-            kv_cache_gib=cfg.kv_cache_gib,
-            seed=cfg.seed,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            sleep_mode=cfg.sleep_during_update,
+        self.rollout_engine = (
+            None
+            if cfg.rollout_engine is None
+            else make_engine(
+                cfg.rollout_engine,
+                str(self.init_dir),
+                stop_token_ids=[self.tokenizer.eos_token_id],
+                dtype=cfg.rollout_dtype,
+                max_model_len=cfg.max_model_len,
+                kv_cache_gib=cfg.kv_cache_gib,
+                seed=cfg.seed,
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                sleep_mode=cfg.sleep_during_update,
+                own_process=cfg.rollout_own_process,
+            )
         )
         self.version: str = str(self.init_dir)  # the checkpoint the engines hold now
 
@@ -201,12 +208,13 @@ class RLSession:
         self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict
     ) -> dict[str, float]:
         # vLLM on CUDA gives the GPU memory of its weights and KV cache to the update (a no-op elsewhere).
-        asleep = self.cfg.sleep_during_update and self.rollout_engine.sleep()
+        engine = self.rollout_engine
+        asleep = self.cfg.sleep_during_update and engine is not None and engine.sleep()
         try:
             return self._update(rows, train_actor=train_actor, actor_kw=actor_kw, critic_kw=critic_kw)
         finally:
             if asleep:
-                self.rollout_engine.wake_up()
+                engine.wake_up()
 
     def _update(
         self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict
@@ -224,7 +232,8 @@ class RLSession:
         return metrics
 
     def sync(self) -> None:
-        self.rollout_engine.sync_weights(self.actor.module.state_dict())
+        if self.rollout_engine is not None:
+            self.rollout_engine.sync_weights(self.actor.module.state_dict())
 
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, out_dir: str | Path, metadata: dict[str, Any]) -> str:
@@ -248,7 +257,8 @@ class RLSession:
         self.version = str(ckpt)
 
     def close(self) -> None:
-        self.rollout_engine.close()
+        if self.rollout_engine is not None:
+            self.rollout_engine.close()
 
 
 def prune(dirs: Sequence[Path], keep: int, what: Callable[[Path], Path]) -> None:

@@ -109,3 +109,77 @@ def test_two_ranks_give_the_weights_of_one(tmp_path, what, metric):
     dropped = _run(tmp_path, what, 2, drop_rank=1)
     with pytest.raises(AssertionError, match="weight"):
         assert_weights_match(dropped["weights"], one["weights"], lr=LR, steps=1)
+
+
+# --- the train stage's session on 2 ranks (components.train.rank_mirror) -------------------------
+
+
+def _session_cfg():
+    from components.train.rl_session import SessionConfig
+
+    return SessionConfig(
+        critic=None,
+        use_ref=False,
+        actor_lr=LR,
+        critic_lr=LR,
+        zero_stage=0,
+        dtype="fp32",
+        grad_clip=1e9,
+        warmup_steps=0,
+        adam_eps=1e-8,
+        micro_batch_size=3,
+        rollout_engine=None,  # the stage's rollout engine is not what this checks
+        rollout_dtype="float32",
+        max_model_len=128,
+        kv_cache_gib=1.0,
+        seed=0,
+    )
+
+
+def _session_update(rank: int, init_dir: str, out: str, drop_rank: int) -> None:
+    """The train stage's calls: rank 0 builds the rows and leads; other ranks only follow (they receive
+    the rows through the mirrored call). Rank 0 saves the weights after update + save."""
+    import torch.distributed as dist
+
+    from components.train.rank_mirror import Leader, follow
+    from components.train.rl_session import RLSession
+
+    session = RLSession(init_dir, _session_cfg(), tools=None)
+    if rank == drop_rank:
+        backward = session.actor.backward
+        session.actor.backward = lambda loss, **kw: backward(loss * 0.0, **kw)
+    if rank > 0:
+        assert follow(session) == 2  # update and save
+        return
+    lead = Leader(session) if dist.get_world_size() > 1 else session
+    kw = dict(mini_batch_size=10_000, micro_batch_size=3)
+    actor_kw = {k: v for k, v in ACTOR_KW.items() if k != "pad_id"} | kw
+    metrics = lead.update(_grpo_rows(), train_actor=True, actor_kw=actor_kw, critic_kw={})
+    lead.save(f"{out}.ckpt", metadata={"iteration": 0})  # every rank joins DeepSpeed's save
+    torch.save({"weights": full_weights(session.actor), "metrics": metrics}, out)
+    lead.close()
+
+
+def _session_run(tmp_path, world: int, drop_rank: int = -1) -> dict:
+    from train_helpers import tiny_tokenizer
+
+    init = tmp_path / "init"
+    if not init.exists():
+        tiny_model().save_pretrained(init)
+        tiny_tokenizer().save_pretrained(init)
+    out = tmp_path / f"session-w{world}-drop{drop_rank}.pt"
+    run_local(world, _session_update, (str(init), str(out), drop_rank))
+    return torch.load(out)
+
+
+def test_train_stage_session_on_two_ranks_gives_the_weights_of_one(tmp_path):
+    one, two = _session_run(tmp_path, 1), _session_run(tmp_path, 2)
+    assert (
+        _max_diff(one["weights"], {k: p.detach().float() for k, p in tiny_model().named_parameters()}) > 1e-3
+    )
+    assert_weights_match(two["weights"], one["weights"], lr=LR, steps=1)
+    assert two["metrics"]["actor/entropy"] == pytest.approx(one["metrics"]["actor/entropy"], rel=1e-6)
+    assert (tmp_path / "session-w2-drop-1.pt.ckpt" / "actor" / "steprl_complete.json").is_file()
+    dropped = _session_run(tmp_path, 2, drop_rank=1)  # the follower's share never reaches the update
+    with pytest.raises(AssertionError, match="weight"):
+        assert_weights_match(dropped["weights"], one["weights"], lr=LR, steps=1)
