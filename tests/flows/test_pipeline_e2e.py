@@ -10,19 +10,31 @@ import polars as pl
 import pytest
 import yaml
 
-from tests.flows.workspace import make_workspace, run
+from tests.flows.workspace import make_workspace, run, watch_listeners
 
 pytestmark = pytest.mark.vllm
 
 ALGOS, SEEDS = ("grpo", "steppo"), (0, 1)  # compare.algorithms x compare.seeds of tests/flows/workspace.py
 RUNS = [f"{a}-s{s}" for a in ALGOS for s in SEEDS]
+LISTENERS: dict = {}  # what watch_listeners saw during the first `dvc repro`
 
 
 @pytest.fixture(scope="module")
 def repro(tmp_path_factory):
     ws = make_workspace(tmp_path_factory.mktemp("e2e"))
-    first = run(["dvc", "repro"], ws, timeout=1500)
+    with watch_listeners() as seen:
+        first = run(["dvc", "repro"], ws, timeout=1500)
+    LISTENERS.update(seen)
     return ws, first
+
+
+def test_running_stages_listen_on_loopback_only(repro):
+    """Every listening socket of every process of the run (stages, their Prefect servers, vLLM's), polled
+    while the stages ran: loopback only. The poll must have seen sft and train running."""
+    assert {"flows.sft", "flows.train"} <= LISTENERS["stages"], LISTENERS["stages"]
+    assert LISTENERS["listening"], "nothing listened at all: the poll saw no server"
+    wide = [(who, ip, port) for who, ip, port in LISTENERS["listening"] if ip not in ("127.0.0.1", "::1")]
+    assert wide == [], f"listening beyond loopback: {wide}"
 
 
 def test_every_stage_produces_its_outputs(repro):

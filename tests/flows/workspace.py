@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -91,3 +94,47 @@ def run(cmd: list[str], cwd: Path, timeout: float = 900, check: bool = True) -> 
             f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         )
     return proc
+
+
+@contextlib.contextmanager
+def watch_listeners(interval: float = 0.2) -> Iterator[dict]:
+    """While the block runs, poll every descendant process of this one for listening TCP sockets.
+
+    Yields ``{"listening": {(stage, ip, port)}, "stages": {stage}}``, filled in as it goes: ``stage``
+    is the ``flows.<name>`` module a process runs (``python -m flows.sft`` ...), or its process name
+    for anything else (a Prefect server, vLLM's engine process); ``stages`` are the flows modules seen
+    running at least once."""
+    import psutil
+
+    seen: dict = {"listening": set(), "stages": set()}
+    stop = threading.Event()
+
+    def label(proc: psutil.Process) -> str:
+        cmd = proc.cmdline()
+        if "-m" in cmd and cmd.index("-m") + 1 < len(cmd) and cmd[cmd.index("-m") + 1].startswith("flows."):
+            return cmd[cmd.index("-m") + 1]
+        return proc.name()
+
+    def poll() -> None:
+        me = psutil.Process()
+        while not stop.is_set():
+            for proc in me.children(recursive=True):
+                try:
+                    name = label(proc)
+                    conns = proc.net_connections(kind="tcp")
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                if name.startswith("flows."):
+                    seen["stages"].add(name)
+                for c in conns:
+                    if c.status == psutil.CONN_LISTEN:
+                        seen["listening"].add((name, c.laddr.ip, c.laddr.port))
+            stop.wait(interval)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
