@@ -25,7 +25,7 @@ from components.model.tiny import is_complete_checkpoint, load_hf
 from components.plots import line_chart
 from components.train.checkpoint import save_checkpoint
 from components.train.engine import build_engine
-from components.train.launch import local_world
+from components.train.launch import local_world, share_threads
 from components.train.sft import run_sft
 from flows import REPO, processed
 from flows._gpu import check_gpu_memory
@@ -141,9 +141,8 @@ def train(params: Params) -> list[dict]:
             flush()
 
     world = params.deepspeed.world_size
-    threads = max(1, torch.get_num_threads() // world)  # the stage's threads shared among its ranks
+    threads = share_threads(world)
     if world > 1:
-        torch.set_num_threads(threads)
         print(f"sft: {world} data-parallel ranks on this machine, {threads} torch thread(s) each")
     try:
         with local_world(world, _worker, (params, threads)):  # this process is rank 0

@@ -29,7 +29,6 @@ import uuid
 from pathlib import Path
 
 import polars as pl
-import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
@@ -43,7 +42,7 @@ from components.model.tiny import is_complete_checkpoint, save_hf
 from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
-from components.train.launch import local_world
+from components.train.launch import local_world, share_threads
 from components.train.rank_mirror import Leader, follow
 from components.train.rl_session import RLSession, SessionConfig, prune
 from flows import REPO, processed
@@ -56,9 +55,8 @@ from flows.train_metrics import anchor_metrics, iteration_metrics
 
 SFT = REPO / "models" / "sft"
 KEEP_CHECKPOINTS = 2
-_SESSION: dict[
-    str, RLSession | Leader
-] = {}  # by run name; engines live in the flow process, never as task inputs
+# By run name: engines live in the flow process, never as task inputs.
+_SESSION: dict[str, RLSession | Leader] = {}
 
 
 def resolved(params: Params, algo: str) -> dict:
@@ -326,9 +324,8 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
     name = CompareParams.run_name(algo, rl_seed)
     run = _prepare_run_dir(params, algo, name)
     world = params.deepspeed.world_size
-    threads = max(1, torch.get_num_threads() // world)  # the stage's threads shared among its ranks
+    threads = share_threads(world)
     if world > 1:
-        torch.set_num_threads(threads)
         print(f"{name}: {world} data-parallel ranks on this machine, {threads} torch thread(s) each")
     with local_world(world, _follower, (params, algo, threads)):  # this process is rank 0
         return _run(params, algo, rl_seed, sft_seed, name, run)

@@ -6,6 +6,7 @@
   workers in DeepSpeed's collectives. On leaving, it waits for the workers; if rank 0 fails, they are
   terminated (a worker blocked in a collective would otherwise wait for the process group's timeout).
   Rank 0's process group is destroyed on leaving.
+- :func:`share_threads`: this process's torch threads divided among the ranks of a local world.
 - :func:`run_local`: all ``world_size`` ranks spawned, ``fn(rank, *args)`` each; returns when all
   finished (tests, benchmarks).
 
@@ -25,12 +26,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from components.train.distributed import STORE_FILE_VAR
 
-__all__ = ["local_world", "run_local"]
+__all__ = ["local_world", "run_local", "share_threads"]
 
 
 def _rank_env(rank: int, world_size: int, store: str) -> dict[str, str]:
@@ -90,6 +92,16 @@ def local_world(world_size: int, fn: Callable[..., Any], args: tuple = ()) -> It
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def share_threads(world_size: int) -> int:
+    """Each of ``world_size`` local ranks' share of this process's torch threads (at least 1); with
+    several ranks this process (rank 0) keeps only its share. Pass the share to the spawned ranks."""
+    _check(world_size)
+    threads = max(1, torch.get_num_threads() // world_size)
+    if world_size > 1:
+        torch.set_num_threads(threads)
+    return threads
 
 
 def run_local(world_size: int, fn: Callable[..., Any], args: tuple = ()) -> None:

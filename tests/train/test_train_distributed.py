@@ -106,3 +106,19 @@ def test_local_ranks_listen_on_loopback_only(tmp_path) -> None:
         seen = json.loads((tmp_path / f"rank.{rank}").read_text())
         assert seen["world"] == 2 and seen["sum"] == 2.0  # a real 2-process all-reduce
         assert seen["ips"] and all(ip in ("127.0.0.1", "::1") for ip in seen["ips"]), seen["ips"]
+
+
+def test_share_threads_divides_this_process_threads_among_ranks() -> None:
+    from components.train.launch import share_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        assert share_threads(1) == 4 and torch.get_num_threads() == 4  # a world of one keeps them all
+        assert share_threads(3) == 1 and torch.get_num_threads() == 1  # 4 // 3, this rank's share
+        torch.set_num_threads(2)
+        assert share_threads(8) == 1  # never below one thread
+        with pytest.raises(ValueError, match="world_size=0"):
+            share_threads(0)
+    finally:
+        torch.set_num_threads(before)
