@@ -24,6 +24,7 @@ from train_helpers import (
     assert_weights_match,
     full_weights,
     random_batch,
+    session_config,
     tiny_model,
     trajectories,
     with_old_logprobs,
@@ -115,24 +116,14 @@ def test_two_ranks_give_the_weights_of_one(tmp_path, what, metric):
 
 
 def _session_cfg():
-    from components.train.rl_session import SessionConfig
-
-    return SessionConfig(
-        critic=None,
-        use_ref=False,
+    return session_config(  # one plain Adam step as RL_ENGINE_KW; the stage's rollout engine is not checked
         actor_lr=LR,
         critic_lr=LR,
-        zero_stage=0,
-        dtype="fp32",
         grad_clip=1e9,
-        warmup_steps=0,
-        adam_eps=1e-8,
         micro_batch_size=3,
-        rollout_engine=None,  # the stage's rollout engine is not what this checks
-        rollout_dtype="float32",
+        rollout_engine=None,
         max_model_len=128,
         kv_cache_gib=1.0,
-        seed=0,
     )
 
 

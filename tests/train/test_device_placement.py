@@ -56,7 +56,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
-from train_helpers import ACTOR_KW, tiny_model
+from train_helpers import ACTOR_KW, session_config, tiny_model
 
 from components.device import model_device, stage_device, to_device
 from components.model.sft_data import collate
@@ -329,23 +329,7 @@ class _Tok:
 
 
 def _session_cfg(*, use_ref: bool) -> SessionConfig:
-    return SessionConfig(
-        critic=None,
-        use_ref=use_ref,
-        actor_lr=1e-4,
-        critic_lr=1e-4,
-        zero_stage=0,
-        dtype="fp32",
-        grad_clip=1.0,
-        warmup_steps=0,
-        adam_eps=1e-8,
-        micro_batch_size=4,
-        rollout_engine="hf",
-        rollout_dtype="float32",
-        max_model_len=64,
-        kv_cache_gib=0.1,
-        seed=0,
-    )
+    return session_config(use_ref=use_ref)
 
 
 # --- RL update: the loss forwards -------------------------------------------------------------------------

@@ -5,27 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from train_helpers import session_config
 
 from components.train.rl_session import RLSession, SessionConfig
 
-CFG = SessionConfig(
-    critic=None,
-    use_ref=False,
-    actor_lr=1e-4,
-    critic_lr=1e-3,
-    zero_stage=0,
-    dtype="fp32",
-    grad_clip=1.0,
-    warmup_steps=0,
-    adam_eps=1e-8,
-    micro_batch_size=4,
-    rollout_engine="hf",
-    rollout_dtype="float32",
-    max_model_len=64,
-    kv_cache_gib=0.1,
-    seed=0,
-    old_logprobs="rollout",
-)
+CFG = session_config(critic_lr=1e-3, old_logprobs="rollout")
 
 
 class _NoForward:

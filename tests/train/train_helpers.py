@@ -1,6 +1,6 @@
 """Shared helpers for tests/train, imported as ``train_helpers`` (a unique module name; not a conftest).
 
-A tiny Qwen3 model, a 128-token tokenizer, random SFT batches, snapshots of an engine's full weights
+A tiny Qwen3 model, a 128-token tokenizer, the tests' RLSession settings, random SFT batches, snapshots of an engine's full weights
 (ZeRO-3 gathered) and optimizer state, a gradient recorder, and a weight comparison for Adam updates.
 """
 
@@ -57,6 +57,31 @@ ACTOR_KW: dict[str, Any] = dict(
     norm_const=8.0,
     seed=0,
 )
+
+
+def session_config(**overrides: Any):
+    """RLSession settings of the tests: no critic or reference, ZeRO-0 fp32, lr 1e-4, the hf rollout
+    engine on 64 tokens; ``overrides`` replace any field of SessionConfig."""
+    from components.train.rl_session import SessionConfig
+
+    base: dict[str, Any] = dict(
+        critic=None,
+        use_ref=False,
+        actor_lr=1e-4,
+        critic_lr=1e-4,
+        zero_stage=0,
+        dtype="fp32",
+        grad_clip=1.0,
+        warmup_steps=0,
+        adam_eps=1e-8,
+        micro_batch_size=4,
+        rollout_engine="hf",
+        rollout_dtype="float32",
+        max_model_len=64,
+        kv_cache_gib=0.1,
+        seed=0,
+    )
+    return SessionConfig(**(base | overrides))
 
 
 def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
