@@ -111,9 +111,8 @@ def watch_listeners(interval: float = 0.2) -> Iterator[dict]:
 
     def label(proc: psutil.Process) -> str:
         cmd = proc.cmdline()
-        if "-m" in cmd and cmd.index("-m") + 1 < len(cmd) and cmd[cmd.index("-m") + 1].startswith("flows."):
-            return cmd[cmd.index("-m") + 1]
-        return proc.name()
+        module = cmd[cmd.index("-m") + 1] if "-m" in cmd[:-1] else ""
+        return module if module.startswith("flows.") else proc.name()
 
     def poll() -> None:
         me = psutil.Process()
