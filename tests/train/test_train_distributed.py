@@ -108,17 +108,17 @@ def test_local_ranks_listen_on_loopback_only(tmp_path) -> None:
         assert seen["ips"] and all(ip in ("127.0.0.1", "::1") for ip in seen["ips"]), seen["ips"]
 
 
-def test_share_threads_divides_this_process_threads_among_ranks() -> None:
-    from components.train.launch import share_threads
+def test_share_threads_divides_this_process_threads_among_ranks(monkeypatch) -> None:
+    from components.train import launch
 
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(4)
-        assert share_threads(1) == 4 and torch.get_num_threads() == 4  # a world of one keeps them all
-        assert share_threads(3) == 1 and torch.get_num_threads() == 1  # 4 // 3, this rank's share
-        torch.set_num_threads(2)
-        assert share_threads(8) == 1  # never below one thread
-        with pytest.raises(ValueError, match="world_size=0"):
-            share_threads(0)
-    finally:
-        torch.set_num_threads(before)
+    # A stand-in thread count: once an in-process vLLM CPU worker has bound this process's threads
+    # (an earlier test), torch.set_num_threads no longer takes effect, so the real count can't be set.
+    threads = {"n": 4}
+    monkeypatch.setattr(launch.torch, "get_num_threads", lambda: threads["n"])
+    monkeypatch.setattr(launch.torch, "set_num_threads", lambda n: threads.update(n=n))
+    assert launch.share_threads(1) == 4 and threads["n"] == 4  # a world of one keeps them all
+    assert launch.share_threads(3) == 1 and threads["n"] == 1  # 4 // 3, this rank's share
+    threads["n"] = 2
+    assert launch.share_threads(8) == 1  # never below one thread
+    with pytest.raises(ValueError, match="world_size=0"):
+        launch.share_threads(0)
