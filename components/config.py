@@ -264,6 +264,9 @@ class TrainParams(Section):
     critic_lr: float = Field(1e-3, gt=0, le=1)
     value_clip: float = Field(0.5, gt=0)
     critic_warmup: int = Field(0, ge=0)
+    # Step rows per critic optimizer step (null = mini_batch_size, as the actor). A critic trained
+    # from a zero value head needs several steps per iteration where the actor takes one.
+    critic_mini_batch_size: int | None = Field(None, ge=1)
     # Gradient-norm clip for actor and critic.
     grad_clip: float = Field(1.0, gt=0)
     # Optimizer steps of linear learning-rate warmup for actor and critic (then constant), and AdamW's
@@ -298,10 +301,12 @@ class TrainParams(Section):
 
     @model_validator(mode="after")
     def _micro_divides(self) -> TrainParams:
-        if self.mini_batch_size % self.micro_batch_size:
-            raise ValueError(
-                f"mini_batch_size={self.mini_batch_size} is not a multiple of micro_batch_size={self.micro_batch_size}"
-            )
+        for key in ("mini_batch_size", "critic_mini_batch_size"):
+            size = getattr(self, key)
+            if size is not None and size % self.micro_batch_size:
+                raise ValueError(
+                    f"{key}={size} is not a multiple of micro_batch_size={self.micro_batch_size}"
+                )
         return self
 
 

@@ -199,7 +199,9 @@ def update(algo: str, name: str, k: int, batch: str, policy: str, params: Params
             temperature=t.temperature,
             **common,
         ),
-        critic_kw=dict(value_clip=t.value_clip, **common),
+        critic_kw=dict(
+            common, value_clip=t.value_clip, mini_batch_size=t.critic_mini_batch_size or t.mini_batch_size
+        ),
     )
     ckpt = _SESSION[name].save(
         iter_dir(name, k) / "checkpoint", metadata={"iteration": k, "algo": algo, "rl_seed": params.seed}

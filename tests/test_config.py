@@ -211,6 +211,10 @@ def test_every_bad_key_is_reported_at_once():
         ),
         ({"train.critic_warmup": 20, "train.iterations": 20}, ["train.critic_warmup=20", "never be updated"]),
         (
+            {"train.critic_mini_batch_size": 100},
+            ["train", "critic_mini_batch_size=100", "micro_batch_size=16"],
+        ),
+        (
             {"train.temperature": 0.7, "train.old_logprobs": "rollout"},
             ["train", "old_logprobs='rollout'", "temperature=0.7"],
         ),

@@ -29,3 +29,32 @@ def test_reference_model_only_with_a_kl_term(monkeypatch, kl_coef, use_ref):
 def test_default_old_logprobs_are_the_updates_own_detached():
     """The exact source that costs no forward: the default update is on-policy (one step per iteration)."""
     assert load_params(REPO / "params.yaml").train.old_logprobs == "detached"
+
+
+class _UpdateRecorder:
+    """Stands in for a live RLSession in the update task: records what the actor and critic are given."""
+
+    def update(self, rows, *, train_actor, actor_kw, critic_kw):
+        self.actor_kw, self.critic_kw = actor_kw, critic_kw
+        return {}
+
+    def save(self, path, metadata):
+        return str(path)
+
+
+@pytest.mark.parametrize(("critic_mini", "expected"), [(None, 512), (64, 64)])
+def test_the_critic_takes_its_own_mini_batch_size(monkeypatch, tmp_path, critic_mini, expected):
+    import polars as pl
+
+    params = load_params(REPO / "params.yaml")
+    t = params.train.model_copy(update={"critic_mini_batch_size": critic_mini, "mini_batch_size": 512})
+    params = params.model_copy(update={"train": t})
+    batch = tmp_path / "batch.parquet"
+    pl.DataFrame({"traj_id": ["a"]}).write_parquet(batch)
+    rec = _UpdateRecorder()
+    monkeypatch.setitem(train._SESSION, "ppo-s0", rec)
+    monkeypatch.setattr(train, "iter_dir", lambda name, k: tmp_path / name / f"iter_{k}")
+    train.update.fn("ppo", "ppo-s0", 0, str(batch), "policy", params, "run")
+    assert rec.critic_kw["mini_batch_size"] == expected
+    assert rec.actor_kw["mini_batch_size"] == 512  # the actor keeps one step per iteration
+    assert rec.critic_kw["micro_batch_size"] == rec.actor_kw["micro_batch_size"] == t.micro_batch_size
