@@ -264,8 +264,8 @@ class TrainParams(Section):
     critic_lr: float = Field(1e-3, gt=0, le=1)
     value_clip: float = Field(0.5, gt=0)
     critic_warmup: int = Field(0, ge=0)
-    # Step rows per critic optimizer step (null = mini_batch_size, as the actor). A critic trained
-    # from a zero value head needs several steps per iteration where the actor takes one.
+    # Step rows per critic optimizer step (null = mini_batch_size, as the actor; verl's
+    # critic.ppo_mini_batch_size): a critic may take several steps where the actor takes one.
     critic_mini_batch_size: int | None = Field(None, ge=1)
     # Gradient-norm clip for actor and critic.
     grad_clip: float = Field(1.0, gt=0)
