@@ -47,7 +47,13 @@ def _rank_env(rank: int, world_size: int, store: str) -> dict[str, str]:
 def _entry(index: int, offset: int, world_size: int, store: str, fn: Callable, args: tuple) -> None:
     rank = index + offset
     os.environ.update(_rank_env(rank, world_size, store))
-    fn(rank, *args)
+    try:
+        fn(rank, *args)
+    finally:
+        # Torn down before the interpreter exits: a gloo group left to die with the process can abort
+        # it ("terminate called without an active exception") after fn has returned.
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _check(world_size: int) -> None:
