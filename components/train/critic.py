@@ -1,8 +1,10 @@
 """The critic: a value head (one scalar per position) on the same architecture as the actor.
 
 Built with transformers' token-classification class for the architecture (``num_labels=1``), its
-backbone initialised from the SFT checkpoint and the head from zero, as verl does. Saved and loaded in
-HF format like any checkpoint.
+backbone initialised from the SFT checkpoint and the head from zero, so that the first values are 0 for
+every state (verl keeps transformers' random head; on sokoban the random head was the slower of the two
+to make the values depend on the state: benchmarks/critic_fit.py, README "The sokoban task"). Saved and
+loaded in HF format like any checkpoint.
 """
 
 from __future__ import annotations
