@@ -30,6 +30,7 @@ import torch
 
 from components.train.critic import build_critic
 from components.train.policy import critic_values, make_token_batch
+from components.train.rl_update import trajectory_chunks
 
 
 def _rows(run: Path, iters: list[int]) -> tuple[list, list, np.ndarray, list]:
@@ -59,10 +60,7 @@ def main() -> None:
     torch.manual_seed(a.seed)
     prompts, responses, R, trajs = _rows(a.run, [int(i) for i in a.train_iters.split(",")])
     hp, hr, hR, _ = (x[:256] for x in _rows(a.run, [a.heldout_iter]))
-    by_traj: dict[str, list[int]] = {}
-    for i, t in enumerate(trajs):
-        by_traj.setdefault(t, []).append(i)
-    traj_rows = list(by_traj.values())
+    traj_rows = trajectory_chunks([{"traj_id": t} for t in trajs], 1)  # one chunk per trajectory
     if a.targets == "standardized":
         mu, sd = R.mean(), R.std()
         R, hR = (R - mu) / sd, (hR - mu) / sd
