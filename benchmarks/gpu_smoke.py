@@ -60,6 +60,7 @@ def main() -> None:
     from components.rollout.base import SamplingConfig
     from components.train.engine import build_engine, train_step
     from components.train.rl_session import RLSession, SessionConfig
+    from components.train.rl_update import ActorSettings, CriticSettings
     from components.train.sft import sft_loss_fn
     from flows._stage import read_params
 
@@ -129,8 +130,8 @@ def main() -> None:
         _stage("rollout", generated, session.rollout_engine.generate, prompts, sampling, [0] * len(prompts))
         forwarded = sum(len(x["prompt_ids"]) + len(x["response_ids"]) for x in rows)
         rows = _stage("annotate", forwarded, session.annotate, rows)
-        update = dict(epochs=1, mini_batch_size=len(rows), micro_batch_size=args.seqs, seed=0)
-        actor_kw = dict(
+        update = dict(epochs=1, mini_batch_size=len(rows), micro_batch_size=args.seqs)
+        actor = ActorSettings(
             policy_loss="ppo",
             loss_agg="token-mean",
             clip_low=0.2,
@@ -140,18 +141,11 @@ def main() -> None:
             kl_kind="low_var_kl",
             entropy_coef=0.0,
             norm_const=float(args.tokens),
+            temperature=1.0,
             **update,
         )
-        critic_kw = dict(value_clip=0.2, **update)
-        m = _stage(
-            "update",
-            forwarded,
-            session.update,
-            rows,
-            train_actor=True,
-            actor_kw=actor_kw,
-            critic_kw=critic_kw,
-        )
+        critic = CriticSettings(value_clip=0.2, **update)
+        m = _stage("update", forwarded, session.update, rows, actor=actor, critic=critic, seed=0)
         assert all(math.isfinite(v) for v in m.values()), m
         _stage("sync", 0, session.sync)
         session.close()

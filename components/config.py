@@ -287,6 +287,14 @@ class TrainParams(Section):
     # Greedy validation on this many val rows every `val_every` iterations (and after the last).
     val_every: int = Field(5, ge=1)
     val_samples: int = Field(64, ge=1)
+    # Which sampled prompt groups an iteration trains on (components/train/group_filter.py; groups of
+    # samples_per_prompt >= 2 only). std_filter_keep in (0, 1]: sample ceil(prompts / keep) groups and
+    # keep the `prompts` whose returns vary most within the group (RAGEN's StarPO-S; 1 = off).
+    # dynamic_sampling: drop groups whose returns are all equal and sample more, for at most
+    # dynamic_sampling_rounds rounds of sampling (DAPO).
+    std_filter_keep: float = Field(1.0, gt=0, le=1)
+    dynamic_sampling: bool = False
+    dynamic_sampling_rounds: int = Field(3, ge=1)
 
     _kl_known = field_validator("kl_kind")(_known("kl_kind"))
 
@@ -308,6 +316,23 @@ class TrainParams(Section):
                     f"{key}={size} is not a multiple of micro_batch_size={self.micro_batch_size}"
                 )
         return self
+
+
+class CriticWarmupParams(Section):
+    # The critic_warmup stage (flows/critic_warmup.py): fit the critic of the critic-based algorithms
+    # on the SFT policy's returns once, before any RL run starts from it. Episodes of the SFT policy
+    # (0 = off: each run's critic starts from the SFT backbone with a zero value head).
+    episodes: int = Field(0, ge=0)
+    # Share of those episodes (whole trajectories) held out to measure explained variance.
+    held_out: float = Field(0.2, gt=0, lt=1)
+    # Step rows per optimizer step, learning rate, and the most optimizer steps.
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(1e-3, gt=0, le=1)
+    max_steps: int = Field(400, ge=1)
+    # Held-out explained variance is measured every eval_every steps; the fit stops after `patience`
+    # measurements without a new best and keeps the best weights.
+    eval_every: int = Field(10, ge=1)
+    patience: int = Field(4, ge=1)
 
 
 class CompareParams(Section):
@@ -366,6 +391,7 @@ class Params(Section):
     rollout: RolloutParams = RolloutParams()
     evaluate: EvaluateParams = EvaluateParams()
     train: TrainParams = Field(default_factory=TrainParams)
+    critic_warmup: CriticWarmupParams = CriticWarmupParams()
     algorithms: dict[str, AlgoParams] = Field(
         default_factory=lambda: {
             "grpo": AlgoParams(preset="grpo"),
@@ -488,6 +514,25 @@ class Params(Section):
                 f"iteration): train.ppo_epochs={t.ppo_epochs} (need 1) and train.mini_batch_size="
                 f"{t.mini_batch_size} (need >= trajectories_per_iteration x rollout.max_steps = {rows}); "
                 "use old_logprobs='rollout' or 'recompute'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _group_filter_has_groups(self) -> Params:
+        t = self.train
+        if t.std_filter_keep == 1.0 and not t.dynamic_sampling:
+            return self
+        single = [
+            a
+            for a in self.compare.algorithms
+            if a in self.algorithms and self.algorithms[a].samples_per_prompt < 2
+        ]
+        if single:
+            which = "train.std_filter_keep" if t.std_filter_keep < 1.0 else "train.dynamic_sampling"
+            raise ValueError(
+                f"{which} picks prompt groups by the spread of their returns, but algorithms.{single[0]}."
+                "samples_per_prompt=1 samples groups of one: give it samples_per_prompt >= 2 or turn the "
+                "filter off (std_filter_keep: 1.0, dynamic_sampling: false)"
             )
         return self
 

@@ -21,14 +21,17 @@ only evaluates again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
+import psutil
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
@@ -42,9 +45,11 @@ from components.model.tiny import is_complete_checkpoint, save_hf
 from components.plots import line_chart
 from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
+from components.train.collapse import collapse_metrics
+from components.train.group_filter import fill_batch
 from components.train.launch import local_world, share_threads
 from components.train.rank_mirror import Leader, follow
-from components.train.rl_session import RLSession, SessionConfig, prune
+from components.train.rl_session import RLSession, prune
 from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._gpu import check_gpu_memory
@@ -52,16 +57,21 @@ from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
 from flows.train_metrics import anchor_metrics, iteration_metrics
+from flows.train_settings import (
+    actor_settings,
+    critic_settings,
+    group_filter,
+    kl_term,
+    resolved,
+    session_config,
+    warm_critic,
+)
 
 SFT = REPO / "models" / "sft"
 KEEP_CHECKPOINTS = 2
-# By run name: engines live in the flow process, never as task inputs.
-_SESSION: dict[str, RLSession | Leader] = {}
-
-
-def resolved(params: Params, algo: str) -> dict:
-    """The algorithm's parts: its preset with every non-null override applied (AlgoParams.parts)."""
-    return params.algorithms[algo].parts()
+# Engines (vLLM, DeepSpeed) live in the flow's process: a task receives the run's session as its
+# ``session`` argument, which its cache key ignores (it is no input of the result).
+Session = RLSession | Leader
 
 
 def algo_params(params: Params, algo: str, rl_seed: int) -> dict:
@@ -85,13 +95,18 @@ def iter_dir(name: str, k: int) -> Path:
     return run_dir(name) / f"iter_{k:04d}"
 
 
-def fingerprint(params: Params, algo: str, sft: Path = SFT, train_split: Path | None = None) -> dict:
+def fingerprint(
+    params: Params, algo: str, sft: Path = SFT, train_split: Path | None = None, critic: Path | None = None
+) -> dict:
     """What a run's iterations depend on: a different fingerprint starts the run afresh.
-    ``params.seed`` is the run's RL seed here. The SFT checkpoint and the train split enter by the
-    hash of their bytes: a new SFT model or new data (e.g. ``dvc exp run -S seed=1`` in a workspace
-    that ran seed 0) must never resume the old run's iterations."""
+    ``params.seed`` is the run's RL seed here. The SFT checkpoint, the train split and the fitted
+    critic it starts from (critic-based algorithms with the critic_warmup stage on) enter by the hash
+    of their bytes: a new SFT model or new data (e.g. ``dvc exp run -S seed=1`` in a workspace that
+    ran seed 0) must never resume the old run's iterations."""
     split = train_split or processed(params.task) / "train.parquet"
+    critic = critic if resolved(params, algo)["critic"] is not None else None
     return {
+        "critic_sha256": file_digest(critic) if critic is not None else None,
         "algo": params.algorithms[algo].model_dump(),
         "train": params.train.model_dump(exclude={"iterations", "val_every", "val_samples"}),
         "rollout": params.rollout.model_dump(),
@@ -105,37 +120,59 @@ def fingerprint(params: Params, algo: str, sft: Path = SFT, train_split: Path | 
     }
 
 
-# --- tasks -------------------------------------------------------------------------------------
-@task(cache_key_fn=content_key("policy", "train_split"), persist_result=True)
-def rollout(algo: str, name: str, k: int, policy: str, train_split: str, params: Params, run: str) -> str:
-    """Sample this iteration's prompts (each samples_per_prompt times) and play them to the end."""
+# --- tasks ---------------------------------------------------------------------------------------
+@task(cache_key_fn=content_key("policy", "train_split", ignore=("session",)), persist_result=True)
+def rollout(
+    session: Session, algo: str, name: str, k: int, policy: str, train_split: str, params: Params, run: str
+) -> dict:
+    """Sample this iteration's prompts (each samples_per_prompt times), play them to the end and keep
+    the groups train.std_filter_keep / dynamic_sampling pick (all of them by default): rollouts.parquet
+    holds the kept groups, sampled.parquet every played one (only when a filter is on). Returns the
+    table's path and the iteration's ``filter/*`` and ``collapse/*`` metrics (of every played group)."""
     spec = get_task(params.task)
     a, t, r = params.algorithms[algo], params.train, params.rollout
-    n_prompts = max(t.trajectories_per_iteration // a.samples_per_prompt, 1)
+    need = max(t.trajectories_per_iteration // a.samples_per_prompt, 1)
+    rule = group_filter(params)
     rows = rl_prompts(pl.read_parquet(train_split), params).to_dicts()
-    picked = random.Random(params.seed * 100_003 + k).sample(rows, min(n_prompts, len(rows)))
-    episodes = [
-        Episode(
-            f"{k}-{row['id']}-{j}",
-            f"{k}-{row['id']}",
-            spec.make_env(row, malformed_penalty=t.malformed_penalty, data_dir=processed(params.task)),
-            row,
+    stream = random.Random(params.seed * 100_003 + k).sample(rows, min(rule.bound(need), len(rows)))
+
+    def play(start: int, count: int) -> list[dict]:
+        episodes = [
+            Episode(
+                f"{k}-{row['id']}-{j}",
+                f"{k}-{row['id']}",
+                spec.make_env(row, malformed_penalty=t.malformed_penalty, data_dir=processed(params.task)),
+                row,
+            )
+            for row in stream[start : start + count]
+            for j in range(a.samples_per_prompt)
+        ]
+        return session.play(
+            episodes,
+            max_steps=r.max_steps,
+            max_prompt_len=r.max_prompt_len,
+            max_response_len=r.max_response_len,
+            context_window=r.context_window,
+            temperature=t.temperature,
+            seed=params.seed * 7919 + k,
+            desc=f"{name} rollout {k}" + (f" ({start}+)" if start else ""),
         )
-        for row in picked
-        for j in range(a.samples_per_prompt)
-    ]
-    steps = _SESSION[name].play(
-        episodes,
-        max_steps=r.max_steps,
-        max_prompt_len=r.max_prompt_len,
-        max_response_len=r.max_response_len,
-        context_window=r.context_window,
-        temperature=t.temperature,
-        seed=params.seed * 7919 + k,
-        desc=f"{name} rollout {k}",
-    )
-    df = validate_table(pl.DataFrame(steps), StepSchema, f"{name} iteration {k} rollouts")
-    return str(write_parquet(df, iter_dir(name, k) / "rollouts.parquet"))
+
+    played: list[dict] = []
+
+    def record(start: int, count: int) -> list[dict]:
+        steps = play(start, count)
+        played.extend(steps)
+        return steps
+
+    kept, metrics = fill_batch(record, need, rule)
+    metrics.update(collapse_metrics(played))
+    where = f"{name} iteration {k}"
+    if rule.active:
+        table = validate_table(pl.DataFrame(played), StepSchema, f"{where} sampled rollouts")
+        write_parquet(table, iter_dir(name, k) / "sampled.parquet")
+    df = validate_table(pl.DataFrame(kept), StepSchema, f"{where} rollouts")
+    return {"rollouts": str(write_parquet(df, iter_dir(name, k) / "rollouts.parquet")), "metrics": metrics}
 
 
 @task(cache_key_fn=content_key("rollouts"), persist_result=True)
@@ -150,19 +187,19 @@ def score(name: str, k: int, rollouts: str, run: str) -> str:
     return str(write_parquet(df, iter_dir(name, k) / "scored.parquet"))
 
 
-@task(cache_key_fn=content_key("scored", "policy"), persist_result=True)
-def advantage(algo: str, name: str, k: int, scored: str, policy: str, params: Params, run: str) -> str:
+@task(cache_key_fn=content_key("scored", "policy", ignore=("session",)), persist_result=True)
+def advantage(
+    session: Session, algo: str, name: str, k: int, scored: str, policy: str, params: Params, run: str
+) -> str:
     """Old/reference log-probs and critic values, then the estimator: batch.parquet."""
     t, parts = params.train, resolved(params, algo)
-    rows = _SESSION[name].annotate(pl.read_parquet(scored).to_dicts(), temperature=t.temperature)
+    rows = session.annotate(pl.read_parquet(scored).to_dicts(), temperature=t.temperature)
     rows = compute_advantages(
         rows,
         estimator=parts["estimator"],
         gamma=t.gamma,
         lam=t.lam,
-        kl_coef=t.kl_coef,
-        kl_kind=t.kl_kind,
-        kl_in_reward=t.kl_in_reward,
+        kl=kl_term(params),
         step_weight=params.algorithms[algo].step_weight,
         step_norm=params.algorithms[algo].step_norm,
         process_weight=t.process_reward_weight,
@@ -172,50 +209,31 @@ def advantage(algo: str, name: str, k: int, scored: str, policy: str, params: Pa
     )
 
 
-@task(cache_key_fn=content_key("batch", "policy"), persist_result=True)
-def update(algo: str, name: str, k: int, batch: str, policy: str, params: Params, run: str) -> dict:
-    """Actor (and critic) PPO epochs on batch.parquet; saves the iteration's resumable checkpoint."""
-    t, a, parts = params.train, params.algorithms[algo], resolved(params, algo)
-    rows = pl.read_parquet(batch).to_dicts()
-    common = dict(
-        epochs=t.ppo_epochs,
-        mini_batch_size=t.mini_batch_size,
-        micro_batch_size=t.micro_batch_size,
+@task(cache_key_fn=content_key("batch", "policy", ignore=("session",)), persist_result=True)
+def update(
+    session: Session, algo: str, name: str, k: int, batch: str, policy: str, params: Params, run: str
+) -> dict:
+    """Actor (and critic) PPO epochs on batch.parquet; saves the iteration's resumable checkpoint. The
+    actor stays frozen for the first train.critic_warmup iterations."""
+    metrics = session.update(
+        pl.read_parquet(batch).to_dicts(),
+        actor=actor_settings(params, algo) if k >= params.train.critic_warmup else None,
+        critic=critic_settings(params),
         seed=params.seed * 31 + k,
     )
-    metrics = _SESSION[name].update(
-        rows,
-        train_actor=k >= t.critic_warmup,
-        actor_kw=dict(
-            policy_loss=parts["policy_loss"],
-            loss_agg=parts["loss_agg"],
-            clip_low=a.clip_low,
-            clip_high=a.clip_high,
-            clip_ratio_c=a.clip_ratio_c,
-            kl_coef=0.0 if t.kl_in_reward else t.kl_coef,
-            kl_kind=t.kl_kind,
-            entropy_coef=t.entropy_coef,
-            norm_const=float(params.rollout.max_response_len),
-            temperature=t.temperature,
-            **common,
-        ),
-        critic_kw=dict(
-            common, value_clip=t.value_clip, mini_batch_size=t.critic_mini_batch_size or t.mini_batch_size
-        ),
-    )
-    ckpt = _SESSION[name].save(
+    ckpt = session.save(
         iter_dir(name, k) / "checkpoint", metadata={"iteration": k, "algo": algo, "rl_seed": params.seed}
     )
     return {"checkpoint": ckpt, "metrics": metrics}
 
 
 @task(cache_policy=NO_CACHE)
-def sync(name: str) -> None:
-    _SESSION[name].sync()
+def sync(session: Session) -> None:
+    session.sync()
 
 
 @task(cache_policy=NO_CACHE)
-def validate(name: str, k: int, params: Params) -> dict:
+def validate(session: Session, name: str, k: int, params: Params) -> dict:
     spec = get_task(params.task)
     r = params.rollout
     data_dir = processed(params.task)
@@ -224,7 +242,7 @@ def validate(name: str, k: int, params: Params) -> dict:
         Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row, data_dir=data_dir), row)
         for row in rows
     ]
-    steps = _SESSION[name].play(
+    steps = session.play(
         episodes,
         max_steps=r.max_steps,
         max_prompt_len=r.max_prompt_len,
@@ -238,13 +256,15 @@ def validate(name: str, k: int, params: Params) -> dict:
     return {f"val/{key}": v for key, v in metrics.items() if key != "n_episodes"}
 
 
-@task(cache_key_fn=content_key("sft", "val_split", ignore=("name", "params")), persist_result=True)
-def validate_sft(name: str, params: Params, sft: str, val_split: str, depends_on: dict) -> dict:
+@task(cache_key_fn=content_key("sft", "val_split", ignore=("session", "name", "params")), persist_result=True)
+def validate_sft(
+    session: Session, name: str, params: Params, sft: str, val_split: str, depends_on: dict
+) -> dict:
     """:func:`validate` of the SFT policy (iteration -1, greedy): the same for every run from one SFT
     checkpoint, so the first run of a pipeline plays it and the others read it from the Prefect
     cache, keyed on the checkpoint's and the val split's bytes and ``depends_on`` (the settings and
     the code it depends on; not the RL seed: greedy decoding draws nothing)."""
-    return validate.fn(name, -1, params)
+    return validate.fn(session, name, -1, params)
 
 
 def _sft_val_depends_on(params: Params) -> dict:
@@ -260,30 +280,10 @@ def _sft_val_depends_on(params: Params) -> dict:
 
 # --- the flow ------------------------------------------------------------------------------------
 def _open_session(params: Params, algo: str, *, rollout: bool = True) -> RLSession:
-    """The run's session; ``rollout=False`` (a follower rank of a data-parallel world) has no rollout
+    """The run's session (flows.train_settings.session_config), critic from the critic_warmup stage's
+    fit when there is one; ``rollout=False`` (a follower rank of a data-parallel world) has no rollout
     engine. With deepspeed.world_size > 1 vLLM runs in a process of its own (rank_mirror)."""
-    parts, t, r, ds = resolved(params, algo), params.train, params.rollout, params.deepspeed
-    cfg = SessionConfig(
-        critic=parts["critic"],
-        use_ref=t.kl_coef > 0,
-        actor_lr=params.algorithms[algo].lr,
-        critic_lr=t.critic_lr,
-        zero_stage=ds.zero_stage,
-        dtype=ds.dtype,
-        grad_clip=t.grad_clip,
-        warmup_steps=t.lr_warmup_steps,
-        adam_eps=t.adam_eps,
-        micro_batch_size=t.micro_batch_size,
-        rollout_engine=r.engine if rollout else None,
-        rollout_dtype=r.dtype,
-        max_model_len=r.max_prompt_len + r.max_response_len,
-        kv_cache_gib=r.kv_cache_gib,
-        seed=params.seed,
-        old_logprobs=t.old_logprobs,
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        sleep_during_update=r.sleep_during_update,
-        rollout_own_process=ds.world_size > 1,
-    )
+    cfg = session_config(params, algo, rollout=rollout, critic=warm_critic())
     return RLSession(SFT, cfg, get_task(params.task).tools())
 
 
@@ -302,7 +302,7 @@ def _prepare_run_dir(params: Params, algo: str, name: str) -> str:
 
     The id scopes the Prefect cache to this run directory: a fresh run never reuses a cached result
     whose files were deleted with an earlier run directory."""
-    d, fp = run_dir(name), json.loads(json.dumps(fingerprint(params, algo)))
+    d, fp = run_dir(name), json.loads(json.dumps(fingerprint(params, algo, critic=warm_critic())))
     stamp = d / "fingerprint.json"
     if d.exists() and (not stamp.is_file() or json.loads(stamp.read_text()).get("depends_on") != fp):
         print(f"{name}: params or SFT model changed since {d} was written: starting afresh")
@@ -333,14 +333,24 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
         return _run(params, algo, rl_seed, sft_seed, name, run)
 
 
+@contextlib.contextmanager
+def _timed(parts: dict[str, float], part: str) -> Iterator[None]:
+    """Add the wall time of the block to ``parts[part]`` (a stage's parts outside the iterations)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        parts[part] = parts.get(part, 0.0) + time.perf_counter() - t0
+
+
 def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run: str) -> dict:
     import mlflow
 
-    t = params.train
-    session = _open_session(params, algo)
+    t, parts = params.train, {"process_start": time.time() - psutil.Process().create_time()}
+    with _timed(parts, "session_start"):
+        session: Session = _open_session(params, algo)
     if params.deepspeed.world_size > 1:
         session = Leader(session)
-    _SESSION[name] = session
     done = [k for k in range(t.iterations) if _finished(name, k)]
     last = max(done, default=-1)
     if last >= 0:
@@ -348,41 +358,43 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
         session.restore(iter_dir(name, last) / "checkpoint")
     run_file = run_dir(name) / "mlflow_run.json"
     run_id = json.loads(run_file.read_text())["run_id"] if run_file.is_file() else None
-    start = time.perf_counter()
     try:
         with train_mlflow_run(params, algo, rl_seed, sft_seed, run_id) as active:
             write_json({"run_id": active.info.run_id}, run_file)
             history_of = mlflow.tracking.MlflowClient().get_metric_history
             logged = {m.step for m in history_of(active.info.run_id, "timing_s/iteration")}
-            initial = _initial_validation(params, name, resumed=last >= 0)
+            with _timed(parts, "initial_validation"):
+                initial = _initial_validation(session, params, name, resumed=last >= 0)
             history = [] if initial is None else [{"iteration": -1, "val/accuracy": initial}]
-            for k in range(t.iterations):
-                if _finished(name, k):
-                    metrics = json.loads((iter_dir(name, k) / "metrics.json").read_text())
-                else:
-                    metrics = _iteration(params, algo, name, k, run)
-                if k not in logged:  # exactly once per iteration, even across crashes
-                    mlflow.log_metrics(metrics, step=k)
-                    samples = iter_dir(name, k) / "samples.md"
-                    if samples.is_file():
-                        mlflow.log_artifact(str(samples), artifact_path=f"samples/iter_{k:04d}")
-                history.append({"iteration": k, **metrics})
-            summary = _finish(params, algo, name, history, time.perf_counter() - start)
-            mlflow.log_artifacts(str(REPO / "models" / name / "final"), artifact_path="checkpoint")
+            with _timed(parts, "iterations"):
+                for k in range(t.iterations):
+                    if _finished(name, k):
+                        metrics = json.loads((iter_dir(name, k) / "metrics.json").read_text())
+                    else:
+                        metrics = _iteration(session, params, algo, name, k, run)
+                    if k not in logged:  # exactly once per iteration, even across crashes
+                        mlflow.log_metrics(metrics, step=k)
+                        samples = iter_dir(name, k) / "samples.md"
+                        if samples.is_file():
+                            mlflow.log_artifact(str(samples), artifact_path=f"samples/iter_{k:04d}")
+                    history.append({"iteration": k, **metrics})
+            with _timed(parts, "save"):
+                _save_final(session, params, algo, name, history)
+                mlflow.log_artifacts(str(REPO / "models" / name / "final"), artifact_path="checkpoint")
+            with _timed(parts, "final_evaluation"):
+                # params.seed is the global seed again: every model's sampled test episodes use the same seed
+                evaluate(
+                    params.model_copy(update={"seed": sft_seed}),
+                    name,
+                    session.rollout_engine,
+                    session.renderer,
+                )
+            summary = _finish(params, algo, name, history, parts)
             mlflow.log_artifact(str(REPO / "plots" / f"train_{name}.png"), artifact_path="plots")
-            _evaluate_final(params.model_copy(update={"seed": sft_seed}), name)
+            mlflow.log_metrics({f"stage_s/{k}": v for k, v in parts.items()})
     finally:
         session.close()
-        _SESSION.pop(name, None)
     return summary
-
-
-def _evaluate_final(params: Params, name: str) -> None:
-    """Evaluate the final policy on the held-out split as the `evaluate_sft` stage evaluates SFT
-    (``params.seed`` is the global seed again, so every model's sampled episodes use the same seed),
-    on this run's rollout engine, which holds the final weights."""
-    session = _SESSION[name]
-    evaluate(params, name, session.rollout_engine, session.renderer)
 
 
 def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run_id: str | None):
@@ -399,7 +411,7 @@ def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run
     )
 
 
-def _initial_validation(params: Params, name: str, resumed: bool) -> float | None:
+def _initial_validation(session: Session, params: Params, name: str, resumed: bool) -> float | None:
     """Greedy val accuracy of the starting (SFT) policy: the curves' point at iteration -1, computed
     once before the first update (None for a run resumed from a directory that lacks it)."""
     path = run_dir(name) / "val_initial.json"
@@ -408,42 +420,44 @@ def _initial_validation(params: Params, name: str, resumed: bool) -> float | Non
             return None
         val_split = processed(params.task) / "val.parquet"
         depends_on = _sft_val_depends_on(params)
-        write_json(validate_sft(name, params, str(SFT), str(val_split), depends_on), path)
+        write_json(validate_sft(session, name, params, str(SFT), str(val_split), depends_on), path)
     return json.loads(path.read_text())["val/accuracy"]
 
 
-def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
-    session, t = _SESSION[name], params.train
+def _iteration(session: Session, params: Params, algo: str, name: str, k: int, run: str) -> dict:
+    t = params.train
     policy = Path(session.version)
     policy_marker = str(policy / MARKER) if (policy / MARKER).is_file() else str(policy / "actor" / MARKER)
     timing = {}
     t0 = time.perf_counter()
     train_split = str(processed(params.task) / "train.parquet")
-    rollouts = rollout(algo, name, k, policy_marker, train_split, params, run)
+    played = rollout(session, algo, name, k, policy_marker, train_split, params, run)
+    rollouts = played["rollouts"]
     timing["rollout"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     scored = score(name, k, rollouts, run)
     timing["score"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    batch = advantage(algo, name, k, scored, policy_marker, params, run)
+    batch = advantage(session, algo, name, k, scored, policy_marker, params, run)
     timing["advantage"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    out = update(algo, name, k, batch, policy_marker, params, run)
+    out = update(session, algo, name, k, batch, policy_marker, params, run)
     timing["update"] = time.perf_counter() - t1
     if session.version != out["checkpoint"]:  # a cached update: the engines must hold its result
         session.restore(out["checkpoint"])
     t1 = time.perf_counter()
-    sync(name)
+    sync(session)
     timing["sync"] = time.perf_counter() - t1
     batch_df = pl.read_parquet(batch)
     metrics = iteration_metrics(batch_df, out["metrics"])
+    metrics.update(played["metrics"])  # filter/* and collapse/* of every played group
     metrics.update(anchor_metrics(batch_df, resolved(params, algo)["estimator"]))  # gigpo/* (gigpo only)
     task_metrics = get_task(params.task).task_metrics(pl.read_parquet(rollouts).to_dicts())
     metrics.update({f"task/{key}": v for key, v in task_metrics.items()})  # the task's own (recipe hook)
     last = k == t.iterations - 1
     if (k + 1) % t.val_every == 0 or last:
         t1 = time.perf_counter()
-        metrics.update(validate(name, k, params))
+        metrics.update(validate(session, name, k, params))
         timing["validation"] = time.perf_counter() - t1
     timing["iteration"] = time.perf_counter() - t0
     metrics.update({f"timing_s/{key}": v for key, v in timing.items()})
@@ -463,16 +477,43 @@ def _iteration(params: Params, algo: str, name: str, k: int, run: str) -> dict:
     return metrics
 
 
-def _finish(params: Params, algo: str, name: str, history: list[dict], wall: float) -> dict:
-    session = _SESSION[name]
-    val = [h for h in history if "val/accuracy" in h]  # from iteration -1 (the SFT policy) on
-    history = [h for h in history if h["iteration"] >= 0]
+def _save_final(session: Session, params: Params, algo: str, name: str, history: list[dict]) -> None:
+    iterations = sum(h["iteration"] >= 0 for h in history)
     save_hf(
         session.actor.module,
         session.tokenizer,
         REPO / "models" / name / "final",
-        metadata={"algo": algo, "rl_seed": params.seed, "iterations": len(history)},
+        metadata={"algo": algo, "rl_seed": params.seed, "iterations": iterations},
     )
+
+
+# Columns of plots/train_<run>.csv: the curves compare.py draws and the per-iteration series it reads
+# a run's collapse signs and critic from (empty where an iteration has no value).
+CURVE_COLUMNS = {
+    "val_accuracy": "val/accuracy",
+    "score_mean": "critic/score/mean",
+    "train_accuracy": "train/accuracy",
+    "group_reward_std": "collapse/group_reward_std",
+    "reward_std": "collapse/reward_std",
+    "entropy": "collapse/entropy",
+    "distinct_actions": "collapse/distinct_actions",
+    "vf_explained_var": "critic/vf_explained_var",
+}
+
+
+def curve_csv(rows: list[dict]) -> str:
+    """plots/train_<run>.csv: one line per iteration (-1: the SFT policy's validation)."""
+    lines = ["iteration," + ",".join(CURVE_COLUMNS)]
+    for h in rows:
+        lines.append(
+            ",".join([str(h["iteration"]), *(str(h.get(key, "")) for key in CURVE_COLUMNS.values())])
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _finish(params: Params, algo: str, name: str, history: list[dict], parts: dict[str, float]) -> dict:
+    val = [h for h in history if "val/accuracy" in h]  # from iteration -1 (the SFT policy) on
+    history = [h for h in history if h["iteration"] >= 0]
     summary = {
         "algo": algo,
         "rl_seed": params.seed,
@@ -481,16 +522,18 @@ def _finish(params: Params, algo: str, name: str, history: list[dict], wall: flo
         "final_val_accuracy": val[-1]["val/accuracy"] if val else None,
         "generated_tokens": sum(h["perf/generated_tokens"] for h in history),
         "train_wall_time_s": sum(h["timing_s/iteration"] for h in history),
-        "this_run_wall_time_s": wall,
+        "this_run_wall_time_s": sum(v for k, v in parts.items() if k != "process_start"),
+        # where the stage's time went: process start (imports, Prefect, params), engine builds, SFT
+        # validation, the iterations (their parts summed below), the final checkpoint, the test split
+        "stage_s": {k: round(v, 2) for k, v in parts.items()},
+        "iterations_s": {
+            part: round(sum(h.get(f"timing_s/{part}", 0.0) for h in history), 2)
+            for part in ("rollout", "score", "advantage", "update", "sync", "validation")
+        },
     }
     write_json(summary, REPO / "metrics" / f"train_{name}.json")
-    rows = [h for h in val if h["iteration"] < 0] + history
     write_text(
-        "iteration,val_accuracy,score_mean\n"
-        + "".join(
-            f"{h['iteration']},{h.get('val/accuracy', '')},{h.get('critic/score/mean', '')}\n" for h in rows
-        ),
-        REPO / "plots" / f"train_{name}.csv",
+        curve_csv([h for h in val if h["iteration"] < 0] + history), REPO / "plots" / f"train_{name}.csv"
     )
     line_chart(
         {
@@ -524,7 +567,13 @@ def main(params: str, algo: str, rl_seed: int) -> None:
             f"sft.rows={p.sft.rows} leaves no RL prompts: the train split has {train_rows} rows "
             "(lower sft.rows, or give the train split more rows)"
         )
-    # names and cross-field rules (e.g. group estimators need samples_per_prompt >= 2) were checked at load
+    # names and cross-field rules (e.g. group estimators need samples_per_prompt >= 2) were checked at load,
+    # for the algorithms of compare.algorithms; one run by hand is checked here
+    if group_filter(p).active and p.algorithms[algo].samples_per_prompt < 2:
+        raise StageError(
+            f"--algo {algo}: train.std_filter_keep={p.train.std_filter_keep} / train.dynamic_sampling="
+            f"{p.train.dynamic_sampling} pick prompt groups, but algorithms.{algo}.samples_per_prompt=1"
+        )
     critic = resolved(p, algo)["critic"] is not None
     check_gpu_memory(p, SFT, trained_models=1 + critic, reference=p.train.kl_coef > 0, rollout=True)
     train_flow(p, algo, rl_seed)

@@ -14,6 +14,7 @@ Departures from docs/algorithms.md:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -21,7 +22,26 @@ from torch import Tensor
 from components.algos.tensor_ops import place_on_last_token
 from components.registry import Registry
 
-__all__ = ["KL_ESTIMATORS", "get_kl_estimator", "kl_penalty", "kl_reward"]
+__all__ = ["KL_ESTIMATORS", "KLTerm", "get_kl_estimator", "kl_penalty", "kl_reward"]
+
+
+@dataclass(frozen=True)
+class KLTerm:
+    """The KL term to the reference policy: its coefficient, its estimator, and where it acts. The one
+    place that decides it: the advantage stage reads :attr:`reward_coef` (a per-token reward penalty),
+    the actor's loss :attr:`loss_coef`; at most one of them is non-zero."""
+
+    coef: float = 0.0
+    kind: str = "low_var_kl"
+    in_reward: bool = False
+
+    @property
+    def reward_coef(self) -> float:
+        return self.coef if self.in_reward else 0.0
+
+    @property
+    def loss_coef(self) -> float:
+        return 0.0 if self.in_reward else self.coef
 
 
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:

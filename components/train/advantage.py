@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from components.algos import get_advantage_estimator
-from components.algos.kl import kl_reward
+from components.algos.kl import KLTerm, kl_reward
 from components.train.policy import pad_rows
 
 
@@ -69,9 +69,7 @@ def compute_advantages(
     estimator: str,
     gamma: float,
     lam: float,
-    kl_coef: float = 0.0,
-    kl_kind: str = "low_var_kl",
-    kl_in_reward: bool = False,
+    kl: KLTerm = KLTerm(),
     step_weight: float = 1.0,
     step_norm: str = "std",
     process_weight: float = 0.0,
@@ -80,7 +78,7 @@ def compute_advantages(
     and ``token_rewards`` when the KL penalty is in the reward. Rows need ``traj_id``, ``group_id``,
     ``step``, ``reward``, ``response_ids``, ``obs_key`` (optional; estimators that group steps by
     state, see :func:`step_group_keys`), and ``values`` (critic estimators), ``old_logprobs`` and
-    ``ref_logprobs`` (KL in reward). ``step_weight`` and ``step_norm``: gigpo's step-level weight w
+    ``ref_logprobs`` (``kl.reward_coef`` > 0: the KL penalty in the reward). ``step_weight`` and ``step_norm``: gigpo's step-level weight w
     and its normalisation within a step group ("std" or "mean"). ``process_weight``: the weight of the
     rows' ``process_reward`` (null or missing = a step without one; docs/algorithms.md, "Process
     rewards"); 0 = outcome only, the column is then not read."""
@@ -88,14 +86,14 @@ def compute_advantages(
     L = max(max(len(r["response_ids"]) for r in rows), 1)
     mask = pad_rows([[1.0] * len(r["response_ids"]) for r in rows], L)  # (B, L)
     rewards: torch.Tensor = torch.tensor([float(r["reward"]) for r in rows])  # (B,)
-    if kl_in_reward and kl_coef > 0:
+    if kl.reward_coef > 0:
         rewards = kl_reward(
             rewards=rewards,
             response_mask=mask,
             logp=pad_rows([r["old_logprobs"] for r in rows], L),
             ref_logp=pad_rows([r["ref_logprobs"] for r in rows], L),
-            kind=kl_kind,
-            coef=kl_coef,
+            kind=kl.kind,
+            coef=kl.reward_coef,
         )  # (B, L) token rewards
     values = None
     if est.critic == "token":

@@ -23,10 +23,16 @@ from components.agent.render import ChatRenderer
 from components.device import model_device
 from components.rollout import make_engine
 from components.train.checkpoint import load_engine_state, save_checkpoint
-from components.train.critic import build_critic
+from components.train.critic import build_critic, load_critic
 from components.train.engine import autocast_for, build_engine
 from components.train.policy import critic_values, make_token_batch, response_logprobs
-from components.train.rl_update import actor_update, critic_update, trajectory_chunks
+from components.train.rl_update import (
+    ActorSettings,
+    CriticSettings,
+    actor_update,
+    critic_update,
+    trajectory_chunks,
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,9 @@ class SessionConfig:
     sleep_during_update: bool = True
     # vLLM in a process of its own: needed beside a data-parallel world of several ranks (vllm_engine).
     rollout_own_process: bool = False
+    # A fitted critic to start from (the critic_warmup stage's models/critic); None = the SFT backbone
+    # with a zero value head (components.train.critic.build_critic).
+    critic_init: str | None = None
 
 
 class RLSession:
@@ -93,7 +102,8 @@ class RLSession:
         )
         self.critic = None
         if cfg.critic is not None:
-            self.critic = build_engine(build_critic(self.init_dir), lr=cfg.critic_lr, **engine_kw)
+            critic = load_critic(cfg.critic_init) if cfg.critic_init else build_critic(self.init_dir)
+            self.critic = build_engine(critic, lr=cfg.critic_lr, **engine_kw)
         self.ref = None
         if cfg.use_ref:  # frozen, outside DeepSpeed: on the actor's device, where annotate feeds it
             ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval()
@@ -205,29 +215,36 @@ class RLSession:
 
     # --- update --------------------------------------------------------------------------------
     def update(
-        self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict
+        self,
+        rows: Sequence[dict],
+        *,
+        actor: ActorSettings | None,
+        critic: CriticSettings | None,
+        seed: int,
     ) -> dict[str, float]:
+        """The critic's update (when this session has a critic and ``critic`` is given), then the
+        actor's (``actor`` None: the actor stays frozen, e.g. while the critic warms up); ``seed``
+        shuffles the mini-batches."""
         # vLLM on CUDA gives the GPU memory of its weights and KV cache to the update (a no-op elsewhere).
         engine = self.rollout_engine
         asleep = self.cfg.sleep_during_update and engine is not None and engine.sleep()
         try:
-            return self._update(rows, train_actor=train_actor, actor_kw=actor_kw, critic_kw=critic_kw)
+            return self._update(rows, actor=actor, critic=critic, seed=seed)
         finally:
             if asleep:
                 engine.wake_up()
 
     def _update(
-        self, rows: Sequence[dict], *, train_actor: bool, actor_kw: dict, critic_kw: dict
+        self, rows: Sequence[dict], *, actor: ActorSettings | None, critic: CriticSettings | None, seed: int
     ) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        if self.critic is not None:
-            m = critic_update(
-                self.critic, rows, pad_id=self.pad_id, per_step=self.cfg.critic == "step", **critic_kw
-            )
+        if self.critic is not None and critic is not None:
+            per_step = self.cfg.critic == "step"
+            m = critic_update(self.critic, rows, critic, pad_id=self.pad_id, per_step=per_step, seed=seed)
             metrics.update({f"critic/{k}": v for k, v in m.items()})
-        if train_actor:
+        if actor is not None:
             detach_old = self.cfg.old_logprobs == "detached"
-            m = actor_update(self.actor, rows, pad_id=self.pad_id, detach_old=detach_old, **actor_kw)
+            m = actor_update(self.actor, rows, actor, pad_id=self.pad_id, seed=seed, detach_old=detach_old)
             metrics.update({f"actor/{k}": v for k, v in m.items()})
         return metrics
 

@@ -30,6 +30,37 @@ from components.train.engine import train_step
 from components.train.policy import TokenBatch, critic_values, make_token_batch, pad_rows, response_logprobs
 
 
+@dataclass(frozen=True)
+class ActorSettings:
+    """How the actor learns from an iteration's rows: the algorithm's loss and clip range, the KL loss
+    coefficient (``KLTerm.loss_coef``: 0 when the KL is a reward penalty or off), the entropy bonus,
+    and the PPO epochs and batch sizes."""
+
+    policy_loss: str
+    loss_agg: str
+    clip_low: float
+    clip_high: float
+    clip_ratio_c: float
+    kl_coef: float
+    kl_kind: str
+    entropy_coef: float
+    norm_const: float  # seq-mean-token-sum-norm's constant (the longest response)
+    temperature: float  # log-probs of softmax(logits / temperature), the rollout's distribution
+    epochs: int
+    mini_batch_size: int
+    micro_batch_size: int
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """How the critic learns: the value-loss clip range, its epochs and batch sizes."""
+
+    value_clip: float
+    epochs: int
+    mini_batch_size: int
+    micro_batch_size: int
+
+
 @dataclass
 class StepTensors:
     batch: TokenBatch
@@ -134,54 +165,47 @@ def _mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
 def actor_update(
     engine: Any,
     rows: Sequence[dict[str, Any]],
+    settings: ActorSettings,
     *,
     pad_id: int,
-    policy_loss: str,
-    loss_agg: str,
-    clip_low: float,
-    clip_high: float,
-    clip_ratio_c: float,
-    kl_coef: float,
-    kl_kind: str,
-    entropy_coef: float,
-    epochs: int,
-    mini_batch_size: int,
-    micro_batch_size: int,
-    norm_const: float,
     seed: int,
-    temperature: float = 1.0,
     detach_old: bool = False,
 ) -> dict[str, float]:
     """PPO epochs of the actor over ``rows``; returns metrics averaged over optimizer steps.
 
     Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from.
-    ``detach_old``: the old log-probs are this forward's own, detached (ratio exactly 1 at the first
+    ``seed`` shuffles the mini-batches. ``detach_old``: the old log-probs are this forward's own, detached (ratio exactly 1 at the first
     step; only on-policy: one epoch, one mini-batch). The rows' ``old_logprobs`` are then the rollout's
     and give ``logprob_gap``, the mean |trainer - rollout| log-prob per response token."""
-    loss_fn_pg = get_policy_loss(policy_loss)
+    a = settings
+    loss_fn_pg = get_policy_loss(a.policy_loss)
     history = []
-    for plan in _mini_batches(rows, mini_batch_size, micro_batch_size, epochs, seed):
+    for plan in _mini_batches(rows, a.mini_batch_size, a.micro_batch_size, a.epochs, seed):
         micro = [
             step_tensors([rows[i] for i in idx], pad_id, per_step_values=False, share_prefix=True)
             for idx in plan
         ]
-        norms = loss_normalisers(response_masks=[m.batch.response_mask for m in micro], norm_const=norm_const)
+        norms = loss_normalisers(
+            response_masks=[m.batch.response_mask for m in micro], norm_const=a.norm_const
+        )
         tokens = max(norms["global_tokens"], 1.0)
 
         def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
             m = to_device(m, model_device(eng.module))  # built on the CPU by step_tensors
             mask = m.batch.response_mask
-            logp, entropy = response_logprobs(eng.module, m.batch, temperature=temperature, with_entropy=True)
+            logp, entropy = response_logprobs(
+                eng.module, m.batch, temperature=a.temperature, with_entropy=True
+            )
             pg, pg_metrics = loss_fn_pg(
                 logp=logp,
                 old_logp=logp.detach() if detach_old else m.old_logp,
                 advantages=m.advantages,
                 response_mask=mask,
-                clip_low=clip_low,
-                clip_high=clip_high,
-                clip_ratio_c=clip_ratio_c,
+                clip_low=a.clip_low,
+                clip_high=a.clip_high,
+                clip_ratio_c=a.clip_ratio_c,
             )
-            pg_loss = aggregate_loss(loss=pg, response_mask=mask, mode=loss_agg, **norms)
+            pg_loss = aggregate_loss(loss=pg, response_mask=mask, mode=a.loss_agg, **norms)
             loss = pg_loss
             share = mask.sum() / tokens  # this micro-batch's share of the mini-batch's tokens
             metrics = {"pg_loss": pg_loss.detach()}
@@ -189,14 +213,14 @@ def actor_update(
             metrics["entropy"] = (entropy.detach() * mask).sum() / tokens
             if detach_old:
                 metrics["logprob_gap"] = ((logp.detach() - m.old_logp).abs() * mask).sum() / tokens
-            if entropy_coef > 0:
-                loss = loss - entropy_coef * aggregate_loss(
-                    loss=entropy, response_mask=mask, mode=loss_agg, **norms
+            if a.entropy_coef > 0:
+                loss = loss - a.entropy_coef * aggregate_loss(
+                    loss=entropy, response_mask=mask, mode=a.loss_agg, **norms
                 )
-            if kl_coef > 0 and m.ref_logp is not None:
-                kl = kl_penalty(logp=logp, ref_logp=m.ref_logp, response_mask=mask, kind=kl_kind)
+            if a.kl_coef > 0 and m.ref_logp is not None:
+                kl = kl_penalty(logp=logp, ref_logp=m.ref_logp, response_mask=mask, kind=a.kl_kind)
                 kl_loss = aggregate_loss(loss=kl, response_mask=mask, mode="token-mean", **norms)
-                loss = loss + kl_coef * kl_loss
+                loss = loss + a.kl_coef * kl_loss
                 metrics["kl_loss"] = kl_loss.detach()
             return loss, metrics
 
@@ -207,18 +231,16 @@ def actor_update(
 def critic_update(
     engine: Any,
     rows: Sequence[dict[str, Any]],
+    settings: CriticSettings,
     *,
     pad_id: int,
     per_step: bool,
-    value_clip: float,
-    epochs: int,
-    mini_batch_size: int,
-    micro_batch_size: int,
     seed: int,
 ) -> dict[str, float]:
     """Clipped value regression of the critic on the stored returns (one value per step if ``per_step``)."""
+    c = settings
     history = []
-    for plan in _mini_batches(rows, mini_batch_size, micro_batch_size, epochs, seed + 1):
+    for plan in _mini_batches(rows, c.mini_batch_size, c.micro_batch_size, c.epochs, seed + 1):
         micro = [
             step_tensors([rows[i] for i in idx], pad_id, per_step_values=per_step, share_prefix=True)
             for idx in plan
@@ -235,7 +257,7 @@ def critic_update(
             mask = torch.ones_like(v) if per_step else m.batch.response_mask
             old = m.old_values if m.old_values is not None else v.detach()
             per_item, extra = value_loss(
-                values=v, old_values=old, returns=m.returns, value_mask=mask, clip_value=value_clip
+                values=v, old_values=old, returns=m.returns, value_mask=mask, clip_value=c.value_clip
             )
             loss = (per_item * mask).sum() / count
             share = mask.sum() / count

@@ -34,8 +34,8 @@ def test_default_old_logprobs_are_the_updates_own_detached():
 class _UpdateRecorder:
     """Stands in for a live RLSession in the update task: records what the actor and critic are given."""
 
-    def update(self, rows, *, train_actor, actor_kw, critic_kw):
-        self.actor_kw, self.critic_kw = actor_kw, critic_kw
+    def update(self, rows, *, actor, critic, seed):
+        self.actor, self.critic = actor, critic
         return {}
 
     def save(self, path, metadata):
@@ -52,9 +52,8 @@ def test_the_critic_takes_its_own_mini_batch_size(monkeypatch, tmp_path, critic_
     batch = tmp_path / "batch.parquet"
     pl.DataFrame({"traj_id": ["a"]}).write_parquet(batch)
     rec = _UpdateRecorder()
-    monkeypatch.setitem(train._SESSION, "ppo-s0", rec)
     monkeypatch.setattr(train, "iter_dir", lambda name, k: tmp_path / name / f"iter_{k}")
-    train.update.fn("ppo", "ppo-s0", 0, str(batch), "policy", params, "run")
-    assert rec.critic_kw["mini_batch_size"] == expected
-    assert rec.actor_kw["mini_batch_size"] == 512  # the actor keeps one step per iteration
-    assert rec.critic_kw["micro_batch_size"] == rec.actor_kw["micro_batch_size"] == t.micro_batch_size
+    train.update.fn(rec, "ppo", "ppo-s0", 0, str(batch), "policy", params, "run")
+    assert rec.critic.mini_batch_size == expected
+    assert rec.actor.mini_batch_size == 512  # the actor keeps one step per iteration
+    assert rec.critic.micro_batch_size == rec.actor.micro_batch_size == t.micro_batch_size

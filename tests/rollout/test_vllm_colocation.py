@@ -71,7 +71,7 @@ def test_session_update_sleeps_and_wakes_the_engine(monkeypatch, sleep_during_up
         sleep=lambda: calls.append("sleep") or True, wake_up=lambda: calls.append("wake_up")
     )
     monkeypatch.setattr(s, "_update", lambda rows, **kw: calls.append("update") or {"m": 1.0}, raising=False)
-    assert s.update([], train_actor=True, actor_kw={}, critic_kw={}) == {"m": 1.0}
+    assert s.update([], actor=None, critic=None, seed=0) == {"m": 1.0}
     assert calls == (["sleep", "update", "wake_up"] if slept else ["update"])
 
 

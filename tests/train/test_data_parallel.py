@@ -24,6 +24,8 @@ from train_helpers import (
     assert_weights_match,
     full_weights,
     random_batch,
+    run_actor_update,
+    run_critic_update,
     session_config,
     tiny_model,
     trajectories,
@@ -31,6 +33,7 @@ from train_helpers import (
 )
 
 from components.train.launch import run_local
+from components.train.rl_update import ActorSettings
 
 LR = RL_ENGINE_KW["lr"]
 
@@ -60,7 +63,6 @@ def _model(what: str) -> torch.nn.Module:
 def _step(rank: int, what: str, out: str, drop_rank: int) -> None:
     """One optimizer step of ``what`` on this rank; rank 0 saves the weights and metrics to ``out``."""
     from components.train.engine import build_engine
-    from components.train.rl_update import actor_update, critic_update
     from components.train.sft import run_sft, split_micro_batches
 
     model = _model(what)
@@ -74,10 +76,10 @@ def _step(rank: int, what: str, out: str, drop_rank: int) -> None:
     else:
         kw = dict(mini_batch_size=10_000, micro_batch_size=3)
         if what == "grpo":
-            metrics = actor_update(engine, _grpo_rows(), **ACTOR_KW, **kw)
+            metrics = run_actor_update(engine, _grpo_rows(), **ACTOR_KW, **kw)
         else:
             rows = [{**r, "returns": [float(a) for a in r["advantages"]]} for r in _grpo_rows()]
-            metrics = critic_update(
+            metrics = run_critic_update(
                 engine, rows, pad_id=0, per_step=False, value_clip=0.5, epochs=1, seed=0, **kw
             )
     if rank == 0:
@@ -144,8 +146,8 @@ def _session_update(rank: int, init_dir: str, out: str, drop_rank: int) -> None:
         return
     lead = Leader(session) if dist.get_world_size() > 1 else session
     kw = dict(mini_batch_size=10_000, micro_batch_size=3)
-    actor_kw = {k: v for k, v in ACTOR_KW.items() if k != "pad_id"} | kw
-    metrics = lead.update(_grpo_rows(), train_actor=True, actor_kw=actor_kw, critic_kw={})
+    actor_kw = {"temperature": 1.0} | {k: v for k, v in ACTOR_KW.items() if k not in ("pad_id", "seed")} | kw
+    metrics = lead.update(_grpo_rows(), actor=ActorSettings(**actor_kw), critic=None, seed=ACTOR_KW["seed"])
     lead.save(f"{out}.ckpt", metadata={"iteration": 0})  # every rank joins DeepSpeed's save
     torch.save({"weights": full_weights(session.actor), "metrics": metrics}, out)
     lead.close()

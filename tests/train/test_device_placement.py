@@ -56,7 +56,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
-from train_helpers import ACTOR_KW, session_config, tiny_model
+from train_helpers import ACTOR_KW, run_actor_update, run_critic_update, session_config, tiny_model
 
 from components.device import model_device, stage_device, to_device
 from components.model.sft_data import collate
@@ -352,7 +352,7 @@ def test_actor_loss_forward_runs_on_the_actor_device(fc, monkeypatch, kl_coef, e
     monkeypatch.setattr(rl_update, "train_step", _forward_only_train_step)
     engine = Engine(fake_cuda_model(tiny_model(), fc))
     kw = {**ACTOR_KW, **UPDATE_KW, "kl_coef": kl_coef, "entropy_coef": entropy_coef}
-    rl_update.actor_update(engine, step_rows(), detach_old=detach_old, **kw)
+    run_actor_update(engine, step_rows(), detach_old=detach_old, **kw)
 
 
 @pytest.mark.parametrize("per_step", [False, True])
@@ -363,7 +363,7 @@ def test_critic_loss_forward_runs_on_the_critic_device(fc, monkeypatch, per_step
     if per_step:
         for r in rows:
             r["returns"], r["values"] = [1.0], [0.1]
-    rl_update.critic_update(engine, rows, pad_id=0, per_step=per_step, value_clip=0.2, **UPDATE_KW)
+    run_critic_update(engine, rows, pad_id=0, per_step=per_step, value_clip=0.2, **UPDATE_KW)
 
 
 # --- rollout / validation / evaluation on the hf engine ------------------------------------------------------

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_helpers import ACTOR_KW, RL_ENGINE_KW, GradCapture, tiny_model, trajectories, with_old_logprobs
+from train_helpers import (
+    ACTOR_KW,
+    RL_ENGINE_KW,
+    GradCapture,
+    run_actor_update,
+    tiny_model,
+    trajectories,
+    with_old_logprobs,
+)
 
 from components.train.critic import build_critic
 from components.train.engine import build_engine
 from components.train.policy import critic_values, make_token_batch, pack_sequences, response_logprobs
-from components.train.rl_update import _mini_batches, actor_update, trajectory_chunks
+from components.train.rl_update import _mini_batches, trajectory_chunks
 
 
 def test_pack_sequences_reads_prefixes_from_the_longest_chain():
@@ -90,7 +98,7 @@ def _actor_step(
     engine = build_engine(tiny_model(), dtype=dtype, micro_batch_size=micro, **RL_ENGINE_KW)
     base = dict(ACTOR_KW, mini_batch_size=len(rows), micro_batch_size=micro)
     capture = GradCapture(engine)
-    metrics = actor_update(engine, rows, **{**base, **kw})
+    metrics = run_actor_update(engine, rows, **{**base, **kw})
     capture.close()
     return engine.module, capture.grads, metrics
 

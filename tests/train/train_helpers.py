@@ -7,6 +7,7 @@ A tiny Qwen3 model, a 128-token tokenizer, the tests' RLSession settings, random
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from typing import Any
 
@@ -42,7 +43,7 @@ RL_ENGINE_KW: dict[str, Any] = dict(
 )
 
 # actor_update settings of the RL-update tests: PPO-clip, token-mean, no KL or entropy, one epoch
-# (add mini_batch_size and micro_batch_size).
+# (ActorSettings fields, plus actor_update's own pad_id and seed)
 ACTOR_KW: dict[str, Any] = dict(
     pad_id=0,
     policy_loss="ppo",
@@ -57,6 +58,31 @@ ACTOR_KW: dict[str, Any] = dict(
     norm_const=8.0,
     seed=0,
 )
+
+
+def _split(cls: type, kw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``kw`` as a ``cls`` (its fields; temperature 1 unless given) and the remaining call arguments."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    settings = {"temperature": 1.0, **{k: v for k, v in kw.items() if k in fields}}
+    return cls(**{k: v for k, v in settings.items() if k in fields}), {
+        k: v for k, v in kw.items() if k not in fields
+    }
+
+
+def run_actor_update(engine: Any, rows: list[dict], **kw: Any) -> dict[str, float]:
+    """``actor_update`` with ACTOR_KW-style flat keyword arguments (settings and call arguments mixed)."""
+    from components.train.rl_update import ActorSettings, actor_update
+
+    settings, rest = _split(ActorSettings, kw)
+    return actor_update(engine, rows, settings, **rest)
+
+
+def run_critic_update(engine: Any, rows: list[dict], **kw: Any) -> dict[str, float]:
+    """``critic_update`` with flat keyword arguments (value_clip, epochs, batch sizes, pad_id, per_step, seed)."""
+    from components.train.rl_update import CriticSettings, critic_update
+
+    settings, rest = _split(CriticSettings, kw)
+    return critic_update(engine, rows, settings, **rest)
 
 
 def session_config(**overrides: Any):

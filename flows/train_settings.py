@@ -1,0 +1,101 @@
+"""From params.yaml to the typed settings of one RL run: what the train stage hands to the library.
+
+Each function reads the sections it needs and returns one frozen object of ``components``; the
+library never reads params.yaml. The KL term is decided once (:func:`kl_term`) and both the
+advantage stage and the actor's loss read that object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from components.algos.kl import KLTerm
+from components.config import Params
+from components.model.tiny import is_complete_checkpoint
+from components.train.group_filter import GroupFilter
+from components.train.rl_session import SessionConfig
+from components.train.rl_update import ActorSettings, CriticSettings
+from flows import REPO
+
+CRITIC = REPO / "models" / "critic"
+
+
+def resolved(params: Params, algo: str) -> dict:
+    """The algorithm's parts: its preset with every non-null override applied (AlgoParams.parts)."""
+    return params.algorithms[algo].parts()
+
+
+def kl_term(params: Params) -> KLTerm:
+    t = params.train
+    return KLTerm(coef=t.kl_coef, kind=t.kl_kind, in_reward=t.kl_in_reward)
+
+
+def actor_settings(params: Params, algo: str) -> ActorSettings:
+    t, a, parts = params.train, params.algorithms[algo], resolved(params, algo)
+    return ActorSettings(
+        policy_loss=parts["policy_loss"],
+        loss_agg=parts["loss_agg"],
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        clip_ratio_c=a.clip_ratio_c,
+        kl_coef=kl_term(params).loss_coef,
+        kl_kind=t.kl_kind,
+        entropy_coef=t.entropy_coef,
+        norm_const=float(params.rollout.max_response_len),
+        temperature=t.temperature,
+        epochs=t.ppo_epochs,
+        mini_batch_size=t.mini_batch_size,
+        micro_batch_size=t.micro_batch_size,
+    )
+
+
+def critic_settings(params: Params) -> CriticSettings:
+    t = params.train
+    return CriticSettings(
+        value_clip=t.value_clip,
+        epochs=t.ppo_epochs,
+        mini_batch_size=t.critic_mini_batch_size or t.mini_batch_size,
+        micro_batch_size=t.micro_batch_size,
+    )
+
+
+def group_filter(params: Params) -> GroupFilter:
+    t = params.train
+    return GroupFilter(
+        keep=t.std_filter_keep, dynamic=t.dynamic_sampling, max_rounds=t.dynamic_sampling_rounds
+    )
+
+
+def warm_critic(critic: Path = CRITIC) -> Path | None:
+    """The critic_warmup stage's fitted critic, None when the stage is off (it then leaves a marker only)."""
+    return critic if is_complete_checkpoint(critic) else None
+
+
+def session_config(
+    params: Params, algo: str, *, rollout: bool = True, critic: Path | None = None
+) -> SessionConfig:
+    """The run's session settings; ``rollout=False`` (a follower rank of a data-parallel world) has no
+    rollout engine; ``critic``: a fitted critic to start from (critic-based algorithms only)."""
+    parts, t, r, ds = resolved(params, algo), params.train, params.rollout, params.deepspeed
+    return SessionConfig(
+        critic=parts["critic"],
+        use_ref=t.kl_coef > 0,
+        actor_lr=params.algorithms[algo].lr,
+        critic_lr=t.critic_lr,
+        zero_stage=ds.zero_stage,
+        dtype=ds.dtype,
+        grad_clip=t.grad_clip,
+        warmup_steps=t.lr_warmup_steps,
+        adam_eps=t.adam_eps,
+        micro_batch_size=t.micro_batch_size,
+        rollout_engine=r.engine if rollout else None,
+        rollout_dtype=r.dtype,
+        max_model_len=r.max_prompt_len + r.max_response_len,
+        kv_cache_gib=r.kv_cache_gib,
+        seed=params.seed,
+        old_logprobs=t.old_logprobs,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        sleep_during_update=r.sleep_during_update,
+        rollout_own_process=ds.world_size > 1,
+        critic_init=str(critic) if critic is not None and parts["critic"] is not None else None,
+    )
