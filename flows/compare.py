@@ -30,6 +30,7 @@ from components.io import write_text
 from components.plots import Band, Panel, band_chart
 from components.schemas import ProblemSchema, validate_table
 from components.stats import RESAMPLED, Estimate, curve_band, difference_interval, mean_interval, score_matrix
+from components.train.collapse import read_trend, trend
 from flows import REPO
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 
@@ -189,133 +190,184 @@ def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-@task
-def table(params: Params) -> str:
-    est = _estimates(params)
-    c, ev, runs = params.compare, params.evaluate, est["runs"]
-    sampled = "sampled" in est["kinds"]
-    evals = [est["sft"], *(r["eval"] for r in runs.values())]
-    # A task without tools (sokoban) shows no tool columns: they would be 0 or meaningless there.
+def _optional_keys(evals: list[dict]) -> tuple[bool, list[str]]:
+    """Whether the task uses tools (a task without, e.g. sokoban, shows no tool columns: they would be 0
+    or meaningless), and the optional eval keys to show."""
     tools = any(e.get("tool_calls_per_episode", 1.0) > 0 for e in evals)
     optional = [k for k in OPTIONAL_EVAL if tools and any(k in e for e in evals)]
-    optional += per_tool_keys(evals) if tools else []
-    k = ev.samples
+    return tools, optional + (per_tool_keys(evals) if tools else [])
 
-    def metric_cells(evals: list[dict], trains: list[dict]) -> list[str]:
+
+class _Columns:
+    """The per-model metric columns after the accuracy columns (pass@k, turns, tool use, train time)."""
+
+    def __init__(self, est: dict) -> None:
+        evals = [est["sft"], *(r["eval"] for r in est["runs"].values())]
+        self.sampled = "sampled" in est["kinds"]
+        self.tools, self.optional = _optional_keys(evals)
+        self.headers = [
+            "pass@k",
+            "mean turns",
+            *(["valid tool calls"] if self.tools else []),
+            "format errors",
+            *(OPTIONAL_EVAL.get(key) or per_tool_header(key) for key in self.optional),
+            "train wall time (s)",
+            "generated tokens",
+        ]
+
+    def cells(self, evals: list[dict], trains: list[dict]) -> list[str]:
         m = lambda key: _mean([e.get(key) for e in evals])  # noqa: E731
         t = lambda key: _mean([tr.get(key) for tr in trains])  # noqa: E731
         cells = [
-            _fmt(m("pass_at_k")) if sampled else "-",
+            _fmt(m("pass_at_k")) if self.sampled else "-",
             _fmt(m("mean_turns"), 2),
-            *([_fmt(m("valid_tool_call_rate"))] if tools else []),
+            *([_fmt(m("valid_tool_call_rate"))] if self.tools else []),
             _fmt(m("format_error_rate")),
         ]
-        cells += [_fmt(m(key)) for key in optional]
+        cells += [_fmt(m(key)) for key in self.optional]
         cells += [
             "-" if not trains else f"{t('train_wall_time_s'):.0f}",
             "-" if not trains else f"{t('generated_tokens'):.0f}",
         ]
         return cells
 
-    extra_headers = [OPTIONAL_EVAL.get(key) or per_tool_header(key) for key in optional]
-    tail_headers = [
-        "pass@k",
-        "mean turns",
-        *(["valid tool calls"] if tools else []),
-        "format errors",
-        *extra_headers,
-        "train wall time (s)",
-        "generated tokens",
-    ]
 
-    # 1. per algorithm: means over seeds with intervals, and the differences to SFT
+def _algorithm_table(params: Params, est: dict, cols: _Columns) -> list[str]:
+    """1. per algorithm: means over seeds with intervals, and the differences to SFT."""
     head = ["algorithm", "seeds", "accuracy (greedy) [95% CI]", "greedy vs SFT [95% CI]"]
-    if sampled:
-        head += ["sampled accuracy (mean@k) [95% CI]", "sampled vs SFT [95% CI]"]
-    else:
-        head += ["sampled accuracy (mean@k)"]
-    head += tail_headers
+    head += (
+        ["sampled accuracy (mean@k) [95% CI]", "sampled vs SFT [95% CI]"]
+        if cols.sampled
+        else ["sampled accuracy (mean@k)"]
+    )
+    head += cols.headers
     lines = [_row(head), _row(["---"] * len(head))]
-    sft_cells = ["sft", "-", est["mean"]["greedy", "sft"].format(), "-"]
-    sft_cells += [est["mean"]["sampled", "sft"].format(), "-"] if sampled else ["-"]
-    lines.append(_row(sft_cells + metric_cells([est["sft"]], [])))
-    for a in c.algorithms:
-        mine = [r for r in runs.values() if r["algo"] == a]
+    sft = ["sft", "-", est["mean"]["greedy", "sft"].format(), "-"]
+    sft += [est["mean"]["sampled", "sft"].format(), "-"] if cols.sampled else ["-"]
+    lines.append(_row(sft + cols.cells([est["sft"]], [])))
+    for a in params.compare.algorithms:
+        mine = [r for r in est["runs"].values() if r["algo"] == a]
         cells = [
             a,
             ", ".join(str(r["seed"]) for r in mine),
             est["mean"]["greedy", a].format(),
             est["vs_sft"]["greedy", a].format(signed=True),
         ]
-        if sampled:
+        if cols.sampled:
             cells += [est["mean"]["sampled", a].format(), est["vs_sft"]["sampled", a].format(signed=True)]
         else:
             cells += ["-"]
-        lines.append(_row(cells + metric_cells([r["eval"] for r in mine], [r["train"] for r in mine])))
+        lines.append(_row(cells + cols.cells([r["eval"] for r in mine], [r["train"] for r in mine])))
+    return lines
 
-    # 2. every run
-    per_seed = [
-        _row(["run", "algorithm", "RL seed", "accuracy (greedy)", "sampled accuracy (mean@k)", *tail_headers])
+
+def _runs_table(est: dict, cols: _Columns) -> list[str]:
+    """2. every run's own values."""
+    lines = [
+        _row(["run", "algorithm", "RL seed", "accuracy (greedy)", "sampled accuracy (mean@k)", *cols.headers])
     ]
-    per_seed.append(_row(["---"] * (5 + len(tail_headers))))
-    per_seed.append(
+    lines.append(_row(["---"] * (5 + len(cols.headers))))
+    sft = est["sft"]
+    lines.append(
         _row(
-            ["sft", "-", "-", _fmt(est["sft"]["accuracy"]), _fmt(est["sft"].get("sampled_accuracy"))]
-            + metric_cells([est["sft"]], [])
+            ["sft", "-", "-", _fmt(sft["accuracy"]), _fmt(sft.get("sampled_accuracy"))]
+            + cols.cells([sft], [])
         )
     )
-    for name, r in runs.items():
-        per_seed.append(
-            _row(
-                [
-                    name,
-                    r["algo"],
-                    str(r["seed"]),
-                    _fmt(r["eval"]["accuracy"]),
-                    _fmt(r["eval"].get("sampled_accuracy")),
-                ]
-                + metric_cells([r["eval"]], [r["train"]])
-            )
-        )
+    for name, r in est["runs"].items():
+        cells = [
+            name,
+            r["algo"],
+            str(r["seed"]),
+            _fmt(r["eval"]["accuracy"]),
+            _fmt(r["eval"].get("sampled_accuracy")),
+        ]
+        lines.append(_row(cells + cols.cells([r["eval"]], [r["train"]])))
+    return lines
 
-    # 2b. return and turns of the greedy episode
-    episode = [
+
+def _episode_table(params: Params, est: dict) -> list[str]:
+    """2b. return and turns of the greedy episode."""
+    lines = [
         _row(
             ["model", "return [95% CI]", "return vs SFT [95% CI]", "turns [95% CI]", "turns vs SFT [95% CI]"]
         ),
         _row(["---"] * 5),
         _row(["sft", est["mean"]["return", "sft"].format(), "-", est["mean"]["turns", "sft"].format(), "-"]),
     ]
-    for a in c.algorithms:
-        episode.append(
+    for a in params.compare.algorithms:
+        cells = [
+            cell
+            for kind in EPISODE_KINDS
+            for cell in (est["mean"][kind, a].format(), est["vs_sft"][kind, a].format(signed=True))
+        ]
+        lines.append(_row([a, *cells]))
+    return lines
+
+
+def _pairs_table(params: Params, est: dict, sampled: bool) -> list[str]:
+    """3. algorithm against algorithm (empty for one algorithm)."""
+    pairs = list(combinations(params.compare.algorithms, 2))
+    if not pairs:
+        return []
+    head = ["difference", "greedy [95% CI]"] + (["sampled (mean@k) [95% CI]"] if sampled else [])
+    head += ["return [95% CI]", "turns [95% CI]"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for a, b in pairs:
+        lines.append(
             _row(
-                [a]
-                + [
-                    cell
-                    for kind in EPISODE_KINDS
-                    for cell in (est["mean"][kind, a].format(), est["vs_sft"][kind, a].format(signed=True))
-                ]
+                [f"{a} - {b}"]
+                + [_pair(est, kind, a, b).format(signed=True) for kind in [*est["kinds"], *EPISODE_KINDS]]
             )
         )
+    return lines
 
-    # 3. algorithm against algorithm
-    pairs = list(combinations(c.algorithms, 2))
-    pair_lines = []
-    pair_kinds = [*est["kinds"], *EPISODE_KINDS]
-    if pairs:
-        pair_head = ["difference", "greedy [95% CI]"] + (["sampled (mean@k) [95% CI]"] if sampled else [])
-        pair_head += ["return [95% CI]", "turns [95% CI]"]
-        pair_lines = [_row(pair_head), _row(["---"] * len(pair_head))]
-        for a, b in pairs:
-            pair_lines.append(
-                _row([f"{a} - {b}"] + [_pair(est, kind, a, b).format(signed=True) for kind in pair_kinds])
-            )
 
+def _series(curve: pl.DataFrame, column: str) -> list[float]:
+    """A run's per-iteration values of ``column`` (iterations >= 0; none when the csv predates it)."""
+    if column not in curve.columns:
+        return []
+    rows = curve.filter(pl.col("iteration") >= 0)
+    return [float(v) for v in rows[column].cast(pl.Float64, strict=False).to_list() if v is not None]
+
+
+def _diagnostics_table(params: Params) -> list[str]:
+    """4. per run: the collapse signs RAGEN reads (first vs last quarter of the iterations) and the
+    critic's explained variance at the first and the last iteration (PPO/StepPO)."""
+    head = ["run", "in-group reward std", "entropy", "distinct actions per state", "training success",
+            "critic explained variance (first -> last)", "reading"]  # fmt: skip
+    lines = [_row(head), _row(["---"] * len(head))]
+    for _, _, name in params.compare.runs():
+        curve = _curve(name)
+        series = {
+            "group_reward_std": _series(curve, "group_reward_std"),
+            "reward_std": _series(curve, "reward_std"),
+            "entropy": _series(curve, "entropy"),
+            "distinct_actions": _series(curve, "distinct_actions"),
+            "success": _series(curve, "train_accuracy"),
+        }
+        spread = series["group_reward_std"] or series["reward_std"]
+        ev = _series(curve, "vf_explained_var")
+        cells = [
+            name,
+            *(
+                str(trend(v)) if trend(v) else "-"
+                for v in (spread, series["entropy"], series["distinct_actions"], series["success"])
+            ),
+            f"{ev[0]:.3f} -> {ev[-1]:.3f}" if ev else "-",
+            read_trend(series) if spread and series["entropy"] else "-",
+        ]
+        lines.append(_row(cells))
+    return lines
+
+
+def _intro(params: Params, est: dict) -> str:
+    c, ev = params.compare, params.evaluate
     n_seeds = len(c.seeds)
-    text = (
+    return (
         f"# {params.task}: RL algorithms against the SFT baseline\n\n"
         f"{ev.split.capitalize()} split ({est['n_problems']} problems), multi-turn with the task's real environment. "
-        f"Accuracy (for sokoban: the success rate) is of one greedy episode per problem; sampled accuracy (mean@k) and pass@k of k = {k} episodes "
+        f"Accuracy (for sokoban: the success rate) is of one greedy episode per problem; sampled accuracy (mean@k) and pass@k of k = {ev.samples} episodes "
         f"per problem at temperature {ev.temperature:g}. Every algorithm is trained {n_seeds} time"
         f"{'s' if n_seeds > 1 else ''} from the one SFT checkpoint (SFT seed {params.seed}), with RL seeds "
         f"{', '.join(map(str, c.seeds))}; its values are means over those runs. Wall time and generated tokens "
@@ -324,19 +376,44 @@ def table(params: Params) -> str:
         f"over {RESAMPLED}. The intervals carry both the uncertainty of which RL seeds were run and of the "
         "finite test set; this crossed bootstrap is conservative (slightly wide) and, with two or three seeds, "
         "coarse in its seed part: read it with the per-run table below. A difference is called significant when "
-        "its interval excludes 0.\n\n" + "\n".join(lines) + "\n\n"
-        "## Return and turns of the greedy episode\n\n"
+        "its interval excludes 0.\n\n"
+    )
+
+
+DIAGNOSTICS_TEXT = (
+    "## Collapse signs and the critic\n\n"
+    "Per run, the mean over its first and its last quarter of RL iterations (at least one) of what RAGEN "
+    "found to announce a collapse: the in-group standard deviation of the trajectory returns (the batch's "
+    "for algorithms that sample one trajectory per prompt), the policy's entropy (minus the mean log-prob of "
+    "the sampled tokens), the number of distinct actions taken from one anchor state, and the training "
+    "success rate, all over every sampled trajectory (components/train/collapse.py). A fall of at least "
+    "half, with training success falling, reads as a collapse; with success rising, as a policy converging. "
+    "For PPO and StepPO, the critic's explained variance of the returns on the iteration's fresh batch "
+    "(held out from everything the critic was fitted on) at the first and the last iteration.\n\n"
+)
+
+
+@task
+def table(params: Params) -> str:
+    est = _estimates(params)
+    cols = _Columns(est)
+    pairs = _pairs_table(params, est, cols.sampled)
+    text = (
+        _intro(params, est)
+        + "\n".join(_algorithm_table(params, est, cols))
+        + "\n\n## Return and turns of the greedy episode\n\n"
         "Per test problem, the greedy episode's return (the sum of its step rewards, the task's reward) and its "
         "number of turns (an unsolved episode counts the turns it used, up to rollout.max_steps: fewer is "
         "better only together with a higher accuracy), with intervals and differences as above.\n\n"
-        + "\n".join(episode)
+        + "\n".join(_episode_table(params, est))
+        + "\n\n## Every run\n\n"
+        + "\n".join(_runs_table(est, cols))
         + "\n\n"
-        "## Every run\n\n"
-        + "\n".join(per_seed)
-        + "\n\n"
-        + ("## Algorithm against algorithm\n\n" + "\n".join(pair_lines) + "\n\n" if pair_lines else "")
-        + "## In words\n\n"
-        + "\n".join(_sentence(params, est, a) for a in c.algorithms)
+        + ("## Algorithm against algorithm\n\n" + "\n".join(pairs) + "\n\n" if pairs else "")
+        + DIAGNOSTICS_TEXT
+        + "\n".join(_diagnostics_table(params))
+        + "\n\n## In words\n\n"
+        + "\n".join(_sentence(params, est, a) for a in params.compare.algorithms)
         + "\n"
     )
     return str(write_text(text, REPO / "reports" / "compare.md"))

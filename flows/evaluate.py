@@ -15,6 +15,7 @@ metrics (``eval/*``) and a readable sample of greedy trajectories to the active 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import polars as pl
 from prefect import flow, task
@@ -42,6 +43,25 @@ def model_dir(name: str):
     return final if final.is_dir() else REPO / "models" / name
 
 
+def open_engine(params: Params, path: Path) -> tuple[RolloutEngine, ChatRenderer]:
+    """A rollout engine with the ``rollout`` settings on the checkpoint at ``path`` (seed params.seed;
+    no update runs beside it, so it never sleeps), and the task's renderer for its tokenizer."""
+    r = params.rollout
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    engine = make_engine(
+        r.engine,
+        str(path),
+        stop_token_ids=[tokenizer.eos_token_id],
+        dtype=r.dtype,
+        max_model_len=r.max_prompt_len + r.max_response_len,
+        kv_cache_gib=r.kv_cache_gib,
+        seed=params.seed,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        sleep_mode=False,
+    )
+    return engine, ChatRenderer(tokenizer, get_task(params.task).tools(), stop_token=tokenizer.eos_token)
+
+
 @task(cache_policy=NO_CACHE)
 def play(
     params: Params,
@@ -58,20 +78,7 @@ def play(
     data_dir = processed(params.task)  # the prepare output (tables and task files)
     own = engine is None
     if own:
-        path = model_dir(model)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        engine = make_engine(
-            r.engine,
-            str(path),
-            stop_token_ids=[tokenizer.eos_token_id],
-            dtype=r.dtype,
-            max_model_len=r.max_prompt_len + r.max_response_len,
-            kv_cache_gib=r.kv_cache_gib,
-            seed=params.seed,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            sleep_mode=False,  # no update runs beside it
-        )
-        renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
+        engine, renderer = open_engine(params, model_dir(model))
 
     def episode(row: dict, traj_id: str) -> Episode:
         return Episode(traj_id, str(row["id"]), spec.make_env(row, data_dir=data_dir), row)

@@ -227,6 +227,14 @@ def test_every_bad_key_is_reported_at_once():
             {"train.old_logprobs": "detached", "train.mini_batch_size": 64},
             ["train.old_logprobs='detached'", "train.mini_batch_size=64", "= 512"],
         ),
+        # the group filters pick prompt groups: an algorithm compare.algorithms runs must sample groups
+        (
+            {"train.std_filter_keep": 0.5},
+            ["train.std_filter_keep", "algorithms.ppo.samples_per_prompt=1", "samples_per_prompt >= 2"],
+        ),
+        ({"train.dynamic_sampling": True}, ["train.dynamic_sampling", "algorithms.ppo.samples_per_prompt=1"]),
+        ({"train.std_filter_keep": 0.0}, ["train.std_filter_keep", "greater than 0"]),
+        ({"critic_warmup.held_out": 1.0}, ["critic_warmup.held_out", "less than 1"]),
         # an episode needs one turn per tool call and one for the answer
         ({"tasks.calc.max_calls": 4, "rollout.max_steps": 4}, ["rollout.max_steps=4 < 5", "tasks.calc"]),
         (
@@ -239,6 +247,18 @@ def test_contradictory_values_name_the_keys(changes, words):
     msg = error_of(raw(**changes))
     for w in words:
         assert w in msg, (w, msg)
+
+
+def test_group_filters_with_group_sampling_algorithms_only():
+    """Filters on and every compared algorithm sampling groups: accepted (ppo with n=1 left out)."""
+    p = parse_params(
+        raw(**{"train.std_filter_keep": 0.25, "train.dynamic_sampling": True, "compare.algorithms": ["grpo"]})
+    )
+    assert (p.train.std_filter_keep, p.train.dynamic_sampling, p.train.dynamic_sampling_rounds) == (
+        0.25,
+        True,
+        3,
+    )
 
 
 def test_boundaries_that_are_allowed():

@@ -272,16 +272,26 @@ def response_logprobs(
     return logp, entropy
 
 
+def _values_at(critic: torch.nn.Module, batch: TokenBatch, positions: Tensor) -> Tensor:
+    """The critic's values (B, K) fp32 at ``positions`` (B, K) of a batch already on its device."""
+    backbone = getattr(critic, critic.base_model_prefix)
+    h = _hidden_at(backbone, batch, positions)
+    return head_logits(critic.score, critic.dropout(h)).squeeze(-1)
+
+
 def critic_values(critic: torch.nn.Module, batch: TokenBatch, *, per_step: bool) -> Tensor:
     """Critic values: at the last prompt token (B,) if ``per_step``, else at the response positions (B, L).
 
     ``critic`` is a transformers token-classification model (backbone, dropout, ``score`` head); the
     head reads only the positions needed. On the critic's device (``batch`` is moved there)."""
     batch = to_device(batch, model_device(critic))
-    backbone = getattr(critic, critic.base_model_prefix)
-    positions = batch.value_pos.unsqueeze(-1) if per_step else batch.response_pos
-    h = _hidden_at(backbone, batch, positions)
-    v = head_logits(critic.score, critic.dropout(h)).squeeze(-1)  # (B, K) fp32
     if per_step:
-        return v[:, 0]
-    return v * batch.response_mask
+        return _values_at(critic, batch, batch.value_pos.unsqueeze(-1))[:, 0]
+    return _values_at(critic, batch, batch.response_pos) * batch.response_mask
+
+
+def critic_step_and_token_values(critic: torch.nn.Module, batch: TokenBatch) -> tuple[Tensor, Tensor]:
+    """Both kinds of :func:`critic_values` from one forward pass: per step (B,) and per token (B, L)."""
+    batch = to_device(batch, model_device(critic))
+    v = _values_at(critic, batch, torch.cat([batch.value_pos.unsqueeze(-1), batch.response_pos], dim=1))
+    return v[:, 0], v[:, 1:] * batch.response_mask

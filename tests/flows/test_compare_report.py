@@ -193,3 +193,44 @@ def test_per_tool_columns_of_a_two_tool_task(workspace):
     sft = dict(zip(header, cells(report, "sft")))
     assert sft["calculator calls per episode"] == "0.250" and sft["right tool rate"] == "0.700"
     assert dict(zip(header, cells(report, "grpo")))["search valid"] == "-"
+
+
+def test_collapse_signs_and_critic_per_run(workspace):
+    """The diagnostics table reads each run's csv: first vs last quarter of its iterations (8 here: 2 each)."""
+    root, params = workspace
+    cols = "iteration,val_accuracy,score_mean,train_accuracy,group_reward_std,reward_std,entropy,distinct_actions,vf_explained_var"
+    # grpo-s0 collapses: spread and entropy halve while success falls; grpo-s1 converges (success rises);
+    # ppo-s0 holds steady and has a critic; ppo-s1's csv predates the columns
+    runs = {
+        "grpo-s0": (
+            [0.6, 0.6, 0.5, 0.5, 0.4, 0.4, 0.3, 0.3],
+            [4, 4, 3, 3, 2, 2, 1, 1],
+            [0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05],
+            "",
+        ),
+        "grpo-s1": (
+            [0.6, 0.6, 0.7, 0.7, 0.8, 0.8, 0.9, 0.9],
+            [4, 4, 3, 3, 2, 2, 1, 1],
+            [0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05],
+            "",
+        ),
+        "ppo-s0": ([0.5] * 8, [3.0] * 8, [0.2] * 8, "ev"),
+    }
+    for name, (success, spread, entropy, ev) in runs.items():
+        lines = [cols, "-1,0.5,,,,,,,"]
+        for k in range(8):
+            critic = f"{0.1 + 0.05 * k:.2f}" if ev else ""
+            group = spread[k] if name.startswith("grpo") else ""
+            lines.append(f"{k},,1.0,{success[k]},{group},{spread[k]},{entropy[k]},2.0,{critic}")
+        (root / "plots" / f"train_{name}.csv").write_text("\n".join(lines) + "\n")
+    report = Path(compare.table.fn(params)).read_text()
+    assert "## Collapse signs and the critic" in report
+    s0 = cells(report, "grpo-s0", 1)  # row 0 is the every-run table
+    assert s0[1:5] == ["4 -> 1", "0.2 -> 0.05", "2 -> 2", "0.6 -> 0.3"]
+    assert s0[5] == "-" and s0[6].startswith(
+        "collapsing: group reward std fell 4 -> 1, entropy fell 0.2 -> 0.05"
+    )
+    assert cells(report, "grpo-s1", 1)[6].endswith("converging rather than collapsing")
+    p0 = cells(report, "ppo-s0", 1)
+    assert p0[5] == "0.100 -> 0.450" and p0[6].startswith("no sign of collapse (reward std 3 -> 3")
+    assert cells(report, "ppo-s1", 1)[1:] == ["-"] * 6  # an old csv: nothing to read

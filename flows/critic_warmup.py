@@ -1,0 +1,219 @@
+"""Stage `critic_warmup`: the critic of the critic-based algorithms, fitted once before any RL run.
+
+With ``critic_warmup.episodes`` > 0 it plays that many episodes of the SFT policy (the rollout engine,
+``train.temperature``, one episode per RL prompt: train rows after ``sft.rows``, drawn with
+``seed``), fits a critic (the SFT backbone, a zero value head) to their discounted returns until its
+explained variance on held-out trajectories stops rising (components/train/critic_fit.py), and
+writes the best fit to models/critic (HF format), metrics/critic_warmup.json and
+plots/critic_warmup.csv (the held-out explained variance by optimizer step; drawn in MLflow). Every ppo and steppo run (any RL seed) starts its critic from
+models/critic (flows/train_settings.warm_critic), so the warm-up is paid once per task and SFT
+checkpoint. With ``episodes: 0`` it writes models/critic/off.json only, and each run's critic starts
+from the SFT backbone as before.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tempfile
+from pathlib import Path
+
+import polars as pl
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from tqdm.auto import tqdm
+
+from components.agent.loop import Episode, run_episodes
+from components.config import Params
+from components.envs import get_task
+from components.io import write_json, write_text
+from components.model.tiny import is_complete_checkpoint, save_hf
+from components.plots import line_chart
+from components.schemas import StepSchema, validate_table
+from components.train.critic import build_critic
+from components.train.critic_fit import FitResult, FitSettings, fit_critic, value_targets
+from components.train.engine import build_engine
+from flows import REPO, processed
+from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows.evaluate import open_engine
+from flows.train import SFT, rl_prompts
+from flows.train_settings import CRITIC
+
+METRICS = REPO / "metrics" / "critic_warmup.json"
+CURVE = REPO / "plots" / "critic_warmup.csv"
+
+
+@task(cache_policy=NO_CACHE)
+def rollout(params: Params) -> list[dict]:
+    """``critic_warmup.episodes`` episodes of the SFT policy, one per RL prompt, at train.temperature."""
+    spec, r, t = get_task(params.task), params.rollout, params.train
+    data_dir = processed(params.task)
+    rows = rl_prompts(pl.read_parquet(data_dir / "train.parquet"), params).to_dicts()
+    picked = random.Random(params.seed * 7_919 + 17).sample(
+        rows, min(params.critic_warmup.episodes, len(rows))
+    )
+    episodes = [
+        Episode(
+            f"w-{row['id']}",
+            f"w-{row['id']}",
+            spec.make_env(row, malformed_penalty=t.malformed_penalty, data_dir=data_dir),
+            row,
+        )
+        for row in picked
+    ]
+    engine, renderer = open_engine(params, SFT)
+    try:
+        steps = run_episodes(
+            engine,
+            renderer,
+            episodes,
+            max_steps=r.max_steps,
+            max_prompt_len=r.max_prompt_len,
+            max_response_len=r.max_response_len,
+            context_window=r.context_window,
+            temperature=t.temperature,
+            seed=params.seed,
+            desc="critic warm-up rollout",
+        )
+    finally:
+        engine.close()
+    return validate_table(pl.DataFrame(steps), StepSchema, "critic warm-up rollouts").to_dicts()
+
+
+def split_trajectories(rows: list[dict], held_out: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows): a share ``held_out`` of the trajectories (at least one) held out whole."""
+    trajs = sorted({r["traj_id"] for r in rows})
+    random.Random(seed).shuffle(trajs)
+    held = set(trajs[: max(1, math.ceil(held_out * len(trajs)))])
+    return [r for r in rows if r["traj_id"] not in held], [r for r in rows if r["traj_id"] in held]
+
+
+@task(cache_policy=NO_CACHE)
+def fit(params: Params, steps: list[dict]) -> FitResult:
+    """Fit the critic to the episodes' returns; the best fit is saved to models/critic."""
+    from transformers import AutoTokenizer
+
+    import mlflow
+
+    w, t, ds = params.critic_warmup, params.train, params.deepspeed
+    rows = value_targets(steps, gamma=t.gamma)
+    train_rows, held_rows = split_trajectories(rows, w.held_out, params.seed)
+    tokenizer = AutoTokenizer.from_pretrained(SFT)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    engine = build_engine(
+        build_critic(SFT),
+        lr=w.lr,
+        weight_decay=0.0,
+        zero_stage=ds.zero_stage,
+        dtype=ds.dtype,
+        grad_clip=t.grad_clip,
+        micro_batch_size=t.micro_batch_size,
+        grad_accum_steps=1,
+        warmup_steps=0,
+        total_steps=1,
+        lr_schedule="constant",
+        eps=t.adam_eps,
+    )
+    bar = tqdm(total=w.max_steps, desc="critic warm-up fit", unit="step")
+
+    def progress(point: dict[str, float]) -> None:
+        bar.update(int(point["step"]) - bar.n)
+        bar.set_postfix(
+            ev=f"{point['ev']:.3f}", token=f"{point['ev_token']:.3f}", step=f"{point['ev_step']:.3f}"
+        )
+        mlflow.log_metrics(
+            {f"critic_warmup/{k}": v for k, v in point.items() if k != "step" and math.isfinite(v)},
+            step=int(point["step"]),
+        )
+
+    settings = FitSettings(
+        batch_size=w.batch_size,
+        micro_batch_size=t.micro_batch_size,
+        max_steps=w.max_steps,
+        eval_every=w.eval_every,
+        patience=w.patience,
+        seed=params.seed,
+    )
+    result = fit_critic(engine, train_rows, held_rows, settings, pad_id=pad_id, progress=progress)
+    bar.close()
+    meta = {"best_step": result.best_step, "held_out_ev": result.best["ev"], "episodes": w.episodes}
+    save_hf(engine.module, tokenizer, CRITIC, metadata=meta)
+    print(
+        f"critic warm-up: {len(train_rows)} train / {len(held_rows)} held-out step rows, best at step "
+        f"{result.best_step}: held-out explained variance {result.best['ev_token']:.3f} per token, "
+        f"{result.best['ev_step']:.3f} per step"
+    )
+    return result
+
+
+def _report(params: Params, steps: list[dict], result: FitResult, png: Path) -> dict:
+    trajectories = len({r["traj_id"] for r in steps})
+    summary = {
+        "episodes": trajectories,
+        "step_rows": len(steps),
+        "success_rate": len({r["traj_id"] for r in steps if r.get("correct")}) / max(trajectories, 1),
+        "best_step": result.best_step,
+        "steps_run": int(result.history[-1]["step"]),
+        "held_out_ev_token": result.best["ev_token"],
+        "held_out_ev_step": result.best["ev_step"],
+    }
+    write_json(summary, METRICS)
+    header = "step,loss,ev_token,ev_step,ev\n"
+    lines = "".join(
+        f"{int(h['step'])},{'' if math.isnan(h['loss']) else h['loss']},{h['ev_token']},{h['ev_step']},{h['ev']}\n"
+        for h in result.history
+    )
+    write_text(header + lines, CURVE)
+    steps_axis = [h["step"] for h in result.history]
+    line_chart(
+        {
+            "per token (ppo)": (steps_axis, [h["ev_token"] for h in result.history]),
+            "per step (steppo)": (steps_axis, [h["ev_step"] for h in result.history]),
+        },
+        png,
+        title=f"critic warm-up on {params.task}: held-out explained variance",
+        xlabel="optimizer step",
+        ylabel="explained variance",
+    )
+    return summary
+
+
+@flow(name="critic_warmup", log_prints=True)
+def critic_warmup_flow(params: Params) -> dict:
+    import mlflow
+
+    with (
+        mlflow_run(params, "critic-warmup", ["critic_warmup", "rollout"]),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        steps = rollout(params)
+        result = fit(params, steps)
+        png = Path(tmp) / "critic_warmup.png"
+        summary = _report(params, steps, result, png)
+        mlflow.log_metrics({f"critic_warmup/{k}": float(v) for k, v in summary.items()})
+        mlflow.log_artifact(str(png), artifact_path="plots")
+    return summary
+
+
+def _off() -> None:
+    """critic_warmup.episodes 0: no fit; the stage's outputs say so."""
+    note = {"off": True, "why": "critic_warmup.episodes is 0: each run's critic starts from the SFT backbone"}
+    CRITIC.mkdir(parents=True, exist_ok=True)
+    write_json(note, CRITIC / "off.json")
+    write_json(note, METRICS)
+    write_text("step,loss,ev_token,ev_step,ev\n", CURVE)
+    print("critic warm-up: off (critic_warmup.episodes: 0)")
+
+
+def main(params: str) -> None:
+    p = read_params(params)
+    if p.critic_warmup.episodes == 0:
+        _off()
+        return
+    if not is_complete_checkpoint(SFT):
+        raise StageError(f"critic_warmup: {SFT} is not a complete checkpoint (run the sft stage first)")
+    critic_warmup_flow(p)
+
+
+if __name__ == "__main__":
+    stage_main(main)
