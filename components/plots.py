@@ -114,3 +114,44 @@ def band_chart(panels: Sequence[Panel], path: str | Path, *, title: str) -> Path
         return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
     finally:
         plt.close(fig)
+
+
+def small_multiples(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    path: str | Path,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    columns: int = 3,
+    baseline: tuple[str, float] | None = None,
+) -> Path:
+    """A grid of line charts with shared axes, one per panel title -> {series name -> (x, y)}, so runs
+    of several settings sit side by side; an optional horizontal baseline in every panel. Atomic write."""
+    n = max(len(panels), 1)
+    cols = min(columns, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(4.2 * cols, 3.2 * rows), dpi=110, sharex=True, sharey=True, squeeze=False
+    )
+    for ax, (name, series) in zip(axes.flat, panels.items()):
+        for label, (x, y) in series.items():
+            ax.plot(list(x), list(y), marker="o" if len(x) < 30 else None, markersize=3, label=label)
+        if baseline is not None:
+            ax.axhline(baseline[1], color="grey", linestyle="--", label=baseline[0])
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+        if series:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)

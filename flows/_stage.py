@@ -88,6 +88,16 @@ def tracking_uri(params: Params) -> str:
     return f"sqlite:///{REPO / 'mlflow' / 'mlflow.db'}"
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment of a sqlite store keeps its artifacts: ``artifacts/`` beside the database
+    file (mlflow/artifacts for the default mlflow/mlflow.db, also when a stage runs in a DVC
+    experiment's temporary copy of the repo with MLFLOW_TRACKING_URI naming this repo's store); None
+    (the server decides) for a tracking server."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -156,7 +166,7 @@ def mlflow_run(
     uri = tracking_uri(params)
     mlflow.set_tracking_uri(uri)
     name = params.mlflow.experiment or params.task
-    location = (REPO / "mlflow" / "artifacts").as_uri() if uri.startswith("sqlite:") else None
+    location = artifact_root(uri)
     experiment_id = ensure_experiment(name, location)
     if os.environ.get(SERVED_ARTIFACTS_ENV) == "1":
         check_served_artifacts(name, mlflow.get_experiment(experiment_id).artifact_location)

@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         print("repro: " + " ".join(command), flush=True)
     else:
         command = argv[argv.index("--") + 1 :] if "--" in argv else ["dvc", "repro", *argv]
+    # Stages of queued DVC experiments run in temporary copies of the repo: they log to this repo's
+    # MLflow store, not to a copy that is deleted with them.
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{REPO / 'mlflow' / 'mlflow.db'}")
+    (REPO / "mlflow").mkdir(exist_ok=True)
     if os.environ.get("PREFECT_API_URL"):
         return subprocess.call(command, cwd=REPO)
     port = free_port()

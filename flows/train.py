@@ -366,6 +366,8 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
             with _timed(parts, "initial_validation"):
                 initial = _initial_validation(session, params, name, resumed=last >= 0)
             history = [] if initial is None else [{"iteration": -1, "val/accuracy": initial}]
+            if initial is not None and -1 not in logged:  # the SFT policy: step -1 of the val curve
+                mlflow.log_metric("val/accuracy", initial, step=-1)
             with _timed(parts, "iterations"):
                 for k in range(t.iterations):
                     if _finished(name, k):

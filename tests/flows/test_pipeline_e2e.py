@@ -113,6 +113,27 @@ def test_every_stage_produces_its_outputs(repro):
     assert sft["steps"] == 4 and sft["loss"] > 0
 
 
+def test_critic_warmup_runs_once_and_critic_runs_start_from_it(repro):
+    """The critic_warmup stage fitted a critic (real vLLM rollout, DeepSpeed fit) that every steppo run
+    (a critic-based algorithm, any seed) starts from; grpo runs have no critic and do not hash it."""
+    ws, first = repro
+    assert first.stdout.count("Running stage 'critic_warmup'") == 1
+    warm = json.loads((ws / "metrics/critic_warmup.json").read_text())
+    assert warm["episodes"] == 8 and warm["steps_run"] == 4 and warm["best_step"] in (0, 2, 4)
+    assert -1.0 <= warm["held_out_ev_token"] <= 1.0 and -1.0 <= warm["held_out_ev_step"] <= 1.0
+    curve = pl.read_csv(ws / "plots/critic_warmup.csv")
+    assert curve["step"].to_list() == [0, 2, 4]
+    assert (ws / "models/critic/steprl_complete.json").is_file()
+    digests = {
+        name: json.loads((ws / "runs" / name / "fingerprint.json").read_text())["depends_on"]["critic_sha256"]
+        for name in RUNS
+    }
+    assert digests["grpo-s0"] is None and digests["grpo-s1"] is None
+    assert digests["steppo-s0"] == digests["steppo-s1"] is not None
+    for name in ("steppo-s0", "steppo-s1"):  # the critic's explained variance on each iteration's batch
+        assert pl.read_csv(ws / f"plots/train_{name}.csv")["vf_explained_var"].drop_nulls().len() == 2
+
+
 def test_mlflow_has_sft_and_evaluate_runs(repro):
     ws, _ = repro
     con = sqlite3.connect(ws / "mlflow/mlflow.db")
@@ -184,6 +205,6 @@ def test_sft_param_change_reruns_only_sft_and_after(repro):
     out = run(["dvc", "repro", "--dry", "--force-downstream"], ws).stdout
     ran = set(re.findall(r"Running stage '([^']+)'", out))
     downstream = {f"train@{a}-{s}" for a in ALGOS for s in SEEDS}
-    assert ran == {"sft", "evaluate_sft", "compare"} | downstream, out
+    assert ran == {"sft", "critic_warmup", "evaluate_sft", "compare"} | downstream, out
     direct = set(re.findall(r"Running stage '([^']+)'", run(["dvc", "repro", "--dry"], ws).stdout))
     assert direct == {"sft"}, direct

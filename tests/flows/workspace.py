@@ -47,6 +47,8 @@ TINY = {
     },
     # The train matrix: two algorithms (one without a critic, one with) x two RL seeds.
     "compare": {"algorithms": ["grpo", "steppo"], "seeds": [0, 1]},
+    # The critic warm-up stage on: 8 SFT episodes, a short fit that the steppo runs start from.
+    "critic_warmup": {"episodes": 8, "batch_size": 8, "max_steps": 4, "eval_every": 2, "patience": 2},
 }
 
 
