@@ -13,9 +13,14 @@ and ``process_reward``: the environment's score of the step's tool calls (``Agen
 asked once every episode has ended), None where it gives none (a step it does not score, a response
 cut before the environment saw it, a task without process rewards).
 
-An episode ends when its environment says done, at ``max_steps`` turns (``truncated``), when a
-response is cut at ``max_response_len`` (``truncated``, reward 0, the cut action is not executed), or
-when its context would exceed ``max_prompt_len`` (the last recorded step is marked ``truncated``).
+An episode ends when its environment says done, at ``max_steps`` turns (``truncated``), or when its
+context would exceed ``max_prompt_len`` (the last recorded step is marked ``truncated``). A response
+cut at ``max_response_len`` is model output like any other: the environment parses it (it is almost
+always malformed: a tag left open) and answers with its feedback and its penalty, the step is a
+format error, and the episode goes on; the stop token that closes the cut turn is part of the next
+observation (not sampled, not trained). Ending the episode there instead, with no penalty, paid the
+policy for rambling wherever a failed episode earns less than nothing (sokoban's step penalty: a cut
+first turn scored 0 against -1 for ten moves, and a GRPO run learned to ramble in three iterations).
 """
 
 from __future__ import annotations
@@ -172,26 +177,14 @@ def _advance(
 ) -> None:
     action = renderer.decode(gen.token_ids)
     obs_key = _state_key(ep.env)  # the state this action responds to, before the env steps
-    if gen.finish_reason != "stop":
-        ep.done = True
-        _record(
-            ep,
-            turn,
-            ep.context,
-            gen.token_ids,
-            gen.logprobs,
-            reward=0.0,
-            done=True,
-            truncated=True,
-            action=action,
-            feedback=f"[response cut at {len(gen.token_ids)} tokens]",
-            info={"format_error": True},
-            obs_key=obs_key,
-        )
-        return
+    cut = gen.finish_reason != "stop"  # cut at max_response_len: no stop token
     out = ep.env.step(action)
     ep.env_steps.append(len(ep.steps))
     feedback = "\n".join(str(m.get("content", "")) for m in out.messages)
+    info = dict(out.info)
+    if cut:
+        feedback = f"[response cut at {len(gen.token_ids)} tokens] {feedback}"
+        info["format_error"] = True
     ep.done = bool(out.done) or last_turn
     _record(
         ep,
@@ -204,11 +197,12 @@ def _advance(
         truncated=(ep.done and not out.done) or bool(out.truncated),
         action=action,
         feedback=feedback,
-        info=out.info,
+        info=info,
         obs_key=obs_key,
     )
     if not ep.done:
-        segment = list(gen.token_ids) + renderer.observation(out.messages)
+        close = [renderer.stop_id] if cut else []  # the cut turn is closed by the observation
+        segment = list(gen.token_ids) + close + renderer.observation(out.messages)
         if window is None:
             ep.context = ep.context + segment
         else:

@@ -119,28 +119,38 @@ def test_wrong_and_malformed_final_answers(tok, renderer):
 # --- every way an episode ends -------------------------------------------------------------------
 
 
-def test_response_cut_at_max_tokens_is_truncated_reward_zero_and_not_executed(tok, renderer, eos):
-    short = call("60 + 37")
-    n = len(enc(tok, short, eos))
-    long_answer = "Let me think. " * 30 + answer("97")
-    assert len(enc(tok, long_answer, eos)) > n
+def test_a_cut_response_is_parsed_by_the_environment_and_the_episode_goes_on(tok, renderer, eos):
+    """A response cut at max_response_len is the environment's to judge, as any model output: a cut tool
+    call (its tag left open) gets the calc tool's error as feedback and the episode goes on; a cut text
+    is calc's final answer without tags. Each is a format error; the stop token that closes a cut turn
+    belongs to the next observation."""
+    n = len(enc(tok, answer("97"), eos))
+    long_call = call("60 + 37 + 0 + 0 + 0 + 0 + 0 + 0 + 0 + 0 + 0 + 0")
+    long_text = "Let me think. " * 30 + answer("144")
+    assert len(enc(tok, long_call, eos)) > n and len(enc(tok, long_text, eos)) > n
     envs = episodes(row("a", Q1, "97"), row("b", Q2, "144"))
-    engine = ScriptedEngine(tok, {Q1: [short, long_answer], Q2: [long_answer]})
+    engine = ScriptedEngine(tok, {Q1: [long_call, answer("97")], Q2: [long_text]})
     steps = run_episodes(engine, renderer, envs, **{**LOOSE, "max_response_len": n})
 
     a, b = [s for s in steps if s["traj_id"] == "a-0"], [s for s in steps if s["traj_id"] == "b-0"]
     assert len(a) == 2 and len(b) == 1
-    assert a[0]["response_ids"] == enc(tok, short, eos) and not a[0]["truncated"]  # exactly n ids fit
-    for cut in (a[1], b[0]):
-        assert len(cut["response_ids"]) == n and cut["response_ids"][-1] != eos
-        assert cut["response_ids"] == tok.encode(long_answer, add_special_tokens=False)[:n]
+    for cut, text in ((a[0], long_call), (b[0], long_text)):
+        assert cut["response_ids"] == tok.encode(text, add_special_tokens=False)[:n]  # no stop token
         assert len(cut["response_logprobs"]) == n
-        assert (cut["reward"], cut["done"], cut["truncated"], cut["correct"]) == (0.0, True, True, False)
-        assert cut["format_error"] and "cut" in cut["feedback"]
-    # the cut action went to no environment: b's env saw only the prompt, a's only the first call
-    assert [m["role"] for m in envs[1].env.history] == ["system", "user"]
-    assert [m["role"] for m in envs[0].env.history] == ["system", "user", "assistant", "tool"]
-    assert len(engine.calls) == 2
+        assert cut["format_error"] and cut["feedback"].startswith(f"[response cut at {n} tokens]")
+        assert not cut["truncated"]
+    # a: the cut call is malformed: calc's error message, nothing computed, no reward; the episode goes on
+    assert (a[0]["reward"], a[0]["done"], a[0]["n_calls"], a[0]["n_valid_calls"]) == (0.0, False, 1, 0)
+    assert "error" in a[0]["feedback"]
+    assert (a[1]["reward"], a[1]["done"], a[1]["correct"]) == (1.0, True, True)
+    # exact continuity: prompt + cut response + the stop token + the environment's reply
+    error = next(m for m in envs[0].env.history if m["role"] == "tool")
+    assert a[1]["prompt_ids"] == a[0]["prompt_ids"] + a[0]["response_ids"] + [eos] + renderer.observation(
+        [error]
+    )
+    # b: a cut text is a final answer without <answer> tags: wrong, done
+    assert (b[0]["reward"], b[0]["done"], b[0]["correct"]) == (0.0, True, False)
+    assert [m["role"] for m in envs[1].env.history] == ["system", "user", "assistant"]
 
 
 def test_max_steps_without_answer_truncates_the_last_step(tok, renderer):
@@ -431,7 +441,7 @@ def test_episode_metrics_without_calls_or_steps():
 def test_episode_metrics_of_a_real_run(tok, renderer, eos):
     scripts = {
         Q1: [call("60 + 37"), "<tool_call>\n[1]\n</tool_call>", answer("97")],  # 3 turns, correct
-        Q2: [call("12 * 12"), "Thinking. " * 40],  # 2 turns, cut
+        Q2: [call("12 * 12"), "Thinking. " * 40],  # 2 turns, the second cut (a final text, no tags)
         Q3: ["the answer is 96"],  # 1 turn, no tags
     }
     n = max(len(enc(tok, a, eos)) for a in scripts[Q1] + scripts[Q2][:1] + scripts[Q3])
@@ -447,7 +457,7 @@ def test_episode_metrics_of_a_real_run(tok, renderer, eos):
     assert m["mean_turns"] == pytest.approx(6 / 3)
     assert m["valid_tool_call_rate"] == pytest.approx(2 / 3)  # a: 1 good + 1 bad, b: 1 good
     assert m["format_error_rate"] == pytest.approx(3 / 6)  # a's bad call, b's cut, c's untagged answer
-    assert m["truncated_rate"] == pytest.approx(1 / 3)
+    assert m["truncated_rate"] == 0.0  # every episode ended on its own final turn
     assert [s["n_calls"] for s in steps] == [1, 1, 0, 1, 0, 0]  # a's bad call counts as a call
     assert m["tool_calls_per_step"] == pytest.approx(3 / 6)
     assert m["tool_calls_per_episode"] == pytest.approx(3 / 3)
