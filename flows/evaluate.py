@@ -27,7 +27,8 @@ from components.config import Params
 from components.envs import get_task
 from components.io import write_json, write_parquet
 from components.model.tiny import is_complete_checkpoint
-from components.rollout import RolloutEngine, make_engine
+from components.rollout import RolloutEngine
+from components.rollout.factory import make_engine
 from components.schemas import ProblemSchema, validate_table
 from components.stats import problem_results
 from flows import REPO, processed
@@ -60,17 +61,8 @@ def play(
     if own:
         path = model_dir(model)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        engine = make_engine(
-            r.engine,
-            str(path),
-            stop_token_ids=[tokenizer.eos_token_id],
-            dtype=r.dtype,
-            max_model_len=r.max_prompt_len + r.max_response_len,
-            kv_cache_gib=r.kv_cache_gib,
-            seed=params.seed,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            sleep_mode=False,  # no update runs beside it
-        )
+        settings = r.engine_settings(params.seed)  # no update runs beside it: it never sleeps
+        engine = make_engine(settings, str(path), stop_token_ids=[tokenizer.eos_token_id])
         renderer = ChatRenderer(tokenizer, spec.tools(), stop_token=tokenizer.eos_token)
 
     def episode(row: dict, traj_id: str) -> Episode:

@@ -2,7 +2,8 @@
 logged to one MLflow run with the stage runs nested under it; the flow `make serve` deploys.
 
     python -m flows.pipeline run -S seed=1 -S sft.steps=50 [stage ...]    # once, here
-    python -m flows.pipeline serve       # the deployment pipeline/steprl (the Procfile of `make serve`)
+
+Its deployments (served by `make serve`, or on a work pool) are flows/pool.py's.
 """
 
 import argparse
@@ -10,7 +11,6 @@ import json
 import os
 import sys
 import time
-from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger, task
@@ -123,39 +123,6 @@ def pipeline(
     }
 
 
-def serve_deployment() -> None:
-    """Serve pipeline/steprl from this process (blocks; flow runs are subprocesses) with the Procfile's
-    settings: STEPRL_SCHEDULE_CRON or _INTERVAL (seconds), STEPRL_OVERRIDES (a JSON list). Without a
-    schedule it keeps the deployment's schedules (made in the UI), which `serve` would replace by none.
-    With STEPRL_WORK_POOL (make serve POOL=...) it first registers pipeline/on-<pool> on that work pool
-    (flows/pool.py), for the workers of other clones."""
-    import warnings
-
-    from prefect.deployments.runner import EntrypointType
-
-    from flows.pool import deploy, deployment_name, kept_schedules
-
-    # Prefect's SIGTERM handler calls the async Runner.stop without awaiting it; keep its warning out
-    warnings.filterwarnings("ignore", "coroutine 'Runner.astop' was never awaited")
-    cron, interval = os.environ.get("STEPRL_SCHEDULE_CRON"), os.environ.get("STEPRL_SCHEDULE_INTERVAL")
-    overrides = json.loads(os.environ.get("STEPRL_OVERRIDES") or "[]")
-    if pool := os.environ.get("STEPRL_WORK_POOL"):
-        deploy(pool, overrides)
-        print(f"deployment pipeline/{deployment_name(pool)} on work pool {pool!r}: `make worker POOL={pool}`")
-    kept = [] if cron or interval else kept_schedules("pipeline/steprl")
-    pipeline.serve(
-        name="steprl",
-        cron=cron or None,
-        interval=timedelta(seconds=float(interval)) if interval else None,
-        schedules=kept or None,
-        parameters={"overrides": overrides} if overrides else None,
-        limit=1,  # one run at a time, the next ones wait
-        tags=["steprl"],
-        description="The steprl pipeline as a DVC experiment (dvc exp run), logged to MLflow.",
-        entrypoint_type=EntrypointType.MODULE_PATH,
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,20 +131,17 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("-n", "--name", dest="experiment_name", default=None)
     run.add_argument("--baseline", choices=["head", "workspace"], default="head")
     run.add_argument("targets", nargs="*", help="DVC stages (default: the whole pipeline)")
-    sub.add_parser("serve", help="serve the deployment pipeline/steprl (needs PREFECT_API_URL)")
     args = vars(parser.parse_args(argv))
+    args.pop("command")
     try:
-        if args.pop("command") == "serve":
-            serve_deployment()
-        else:
-            print(json.dumps(pipeline(**args), indent=2))
+        print(json.dumps(pipeline(**args), indent=2))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
 if __name__ == "__main__":
-    # Import ourselves as flows.pipeline so the served flow pickles by its module path, not __main__.
+    # Import ourselves as flows.pipeline so the flow pickles by its module path, not __main__.
     from flows.pipeline import main as _main
 
     _main()

@@ -274,15 +274,11 @@ def _open_session(params: Params, algo: str, *, rollout: bool = True) -> RLSessi
         warmup_steps=t.lr_warmup_steps,
         adam_eps=t.adam_eps,
         micro_batch_size=t.micro_batch_size,
-        rollout_engine=r.engine if rollout else None,
-        rollout_dtype=r.dtype,
-        max_model_len=r.max_prompt_len + r.max_response_len,
-        kv_cache_gib=r.kv_cache_gib,
+        rollout=r.engine_settings(params.seed, updates=True, own_process=ds.world_size > 1)
+        if rollout
+        else None,
         seed=params.seed,
         old_logprobs=t.old_logprobs,
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        sleep_during_update=r.sleep_during_update,
-        rollout_own_process=ds.world_size > 1,
     )
     return RLSession(SFT, cfg, get_task(params.task).tools())
 

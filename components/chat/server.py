@@ -29,6 +29,9 @@ from pathlib import Path
 
 import httpx
 
+from components.precision import resolve_rollout_dtype
+from components.rollout.base import EngineSettings
+
 __all__ = ["HOST", "ServerError", "VLLMServer", "check_server", "free_port", "port_free", "vllm_command"]
 
 HOST = "127.0.0.1"
@@ -58,16 +61,17 @@ def free_port(host: str = HOST) -> int:
 
 def vllm_command(
     model_dir: str | Path,
+    settings: EngineSettings = EngineSettings(),
     *,
     port: int,
     served_name: str,
-    dtype: str = "float32",
-    max_model_len: int = 1024,
-    seed: int = 0,
     host: str = HOST,
     python: str = sys.executable,
 ) -> list[str]:
-    """The argv that serves ``model_dir`` as ``served_name`` with hermes tool calling on."""
+    """The argv that serves ``model_dir`` as ``served_name`` with hermes tool calling on, with the
+    rollout engine's ``settings`` (dtype, auto resolved here; max_model_len; seed; the KV cache is
+    :func:`server_env`'s)."""
+    max_model_len = settings.max_model_len
     return [
         python,
         "-m",
@@ -81,7 +85,7 @@ def vllm_command(
         "--port",
         str(port),
         "--dtype",
-        dtype,
+        resolve_rollout_dtype(settings.dtype),
         "--max-model-len",
         str(max_model_len),
         "--max-num-batched-tokens",
@@ -90,7 +94,7 @@ def vllm_command(
         "32",
         "--enforce-eager",
         "--seed",
-        str(seed),
+        str(settings.seed),
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         "hermes",
@@ -98,10 +102,11 @@ def vllm_command(
     ]
 
 
-def server_env(kv_cache_gib: float, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: ``base`` (default os.environ) with the KV cache size (GiB) and libiomp5."""
+def server_env(settings: EngineSettings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base`` (default os.environ) with the KV cache size of ``settings``
+    (GiB) and libiomp5."""
     env = dict(os.environ if base is None else base)
-    env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(settings.kv_cache_gib)))
     env.pop(
         "VLLM_ENABLE_V1_MULTIPROCESSING", None
     )  # the in-process rollout engine's setting, not the server's
