@@ -13,7 +13,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -25,9 +24,10 @@ from typing import NamedTuple
 import httpx
 import psutil
 
+from components.ports import HOST, port_free
 from flows import REPO
 
-HOST, STATE = "127.0.0.1", REPO / ".prefect" / "serve.json"  # STATE: pid and ports of the running `start`
+STATE = REPO / ".prefect" / "serve.json"  # pid and ports of the running `start`
 
 
 class ServeError(RuntimeError):
@@ -54,14 +54,6 @@ class Endpoints(NamedTuple):
             "mlflow": f"{self.mlflow_url}/health",
             "deployment": f"{self.prefect_url}/api/deployments/name/pipeline/steprl",
         }
-
-
-def port_free(port: int) -> bool:
-    """Nobody listens on ``port`` (SO_REUSEADDR as the servers use it: TIME_WAIT leftovers do not count)."""
-    with socket.socket() as s, contextlib.suppress(OSError):
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        return s.bind((HOST, port)) is None
-    return False
 
 
 def get_json(url: str, body: object = None) -> tuple[int, object]:

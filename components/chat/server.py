@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,34 +28,15 @@ from pathlib import Path
 
 import httpx
 
+from components.ports import HOST, free_port, port_free
 from components.precision import resolve_rollout_dtype
 from components.rollout.base import EngineSettings
 
 __all__ = ["HOST", "ServerError", "VLLMServer", "check_server", "free_port", "port_free", "vllm_command"]
 
-HOST = "127.0.0.1"
-
 
 class ServerError(RuntimeError):
     """The server cannot be started or does not answer; the message is one line for the user."""
-
-
-def port_free(port: int, host: str = HOST) -> bool:
-    """Nobody listens on ``port`` of ``host`` (SO_REUSEADDR: TIME_WAIT leftovers do not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = HOST) -> int:
-    """A port the OS says is free now (another process may still take it before the server does)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def vllm_command(
