@@ -28,9 +28,14 @@ class FakeLLM:
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    mod = ModuleType("vllm")
-    mod.LLM = FakeLLM
+    """A stand-in package ``vllm`` with ``vllm.LLM`` and ``vllm.envs`` (the engine imports both), so the
+    test needs no earlier test to have imported the real one."""
+    mod, envs = ModuleType("vllm"), ModuleType("vllm.envs")
+    mod.__path__ = []  # a package: `import vllm.envs` finds the submodule planted below
+    mod.LLM, mod.envs = FakeLLM, envs
+    envs.VLLM_ENABLE_V1_MULTIPROCESSING = False
     monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setitem(sys.modules, "vllm.envs", envs)
 
 
 @pytest.mark.parametrize("cuda", [True, False])
