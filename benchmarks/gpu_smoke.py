@@ -17,6 +17,7 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -96,14 +97,9 @@ def main() -> None:
             warmup_steps=0,
             adam_eps=1e-8,
             micro_batch_size=args.seqs,
-            rollout_engine=name,
-            rollout_dtype=r.dtype,
-            max_model_len=4 * args.tokens,
-            kv_cache_gib=r.kv_cache_gib,
+            rollout=replace(r.engine_settings(0, updates=True), engine=name, max_model_len=4 * args.tokens),
             seed=0,
             old_logprobs="recompute",
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            sleep_during_update=r.sleep_during_update,
         )
         print(f"RL iteration, rollout engine {name}:")
         session = RLSession(args.model, cfg, tools=None)

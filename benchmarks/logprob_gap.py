@@ -28,7 +28,8 @@ import flows  # noqa: F401  (process defaults for vLLM)
 from components import precision
 from components.agent.render import ChatRenderer
 from components.envs import get_task
-from components.rollout import SamplingConfig, make_engine
+from components.rollout import EngineSettings, SamplingConfig
+from components.rollout.factory import make_engine
 from components.train.policy import make_token_batch, response_logprobs
 
 
@@ -81,9 +82,8 @@ def main() -> None:
         f"\n{'rollout dtype':14} {'rollout s':>9} {'tokens':>6}  {'trainer':16} {'max |dlogp|':>11} {'mean |dlogp|':>12}"
     )
     for dtype in args.dtypes.split(","):
-        engine = make_engine(
-            "vllm", args.model, stop_token_ids=[tok.eos_token_id], dtype=dtype, max_model_len=1024
-        )
+        settings = EngineSettings("vllm", dtype=dtype, max_model_len=1024)
+        engine = make_engine(settings, args.model, stop_token_ids=[tok.eos_token_id])
         try:
             times = []
             for _ in range(args.repeats):  # the same seeded requests: the first run includes warm-up

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import flows  # noqa: F401  (process defaults for vLLM)
 from components.agent.render import ChatRenderer
 from components.envs import get_task
-from components.rollout import SamplingConfig
+from components.rollout import EngineSettings, SamplingConfig
 from components.rollout.vllm_engine import VLLMEngine
 
 
@@ -60,8 +60,8 @@ def main() -> None:
     for caching in (True, False):
         engine = VLLMEngine(
             args.model,
+            EngineSettings(max_model_len=1024),
             stop_token_ids=[tok.eos_token_id],
-            max_model_len=1024,
             prefix_caching=caching,
             log_stats=True,
         )

@@ -19,7 +19,8 @@ import flows  # noqa: F401  (process defaults for vLLM/DeepSpeed)
 from components.agent.loop import Episode, run_episodes
 from components.agent.render import ChatRenderer
 from components.envs import get_task
-from components.rollout import make_engine
+from components.rollout import EngineSettings
+from components.rollout.factory import make_engine
 
 
 def main() -> None:
@@ -34,7 +35,9 @@ def main() -> None:
     print(f"{'engine':6} {'mode':8} {'start s':>8} {'episodes/s':>11} {'tokens/s':>9}")
     for name in args.engines.split(","):
         t0 = time.perf_counter()
-        engine = make_engine(name, args.model, stop_token_ids=[tok.eos_token_id], max_model_len=576)
+        engine = make_engine(
+            EngineSettings(name, max_model_len=576), args.model, stop_token_ids=[tok.eos_token_id]
+        )
         start = time.perf_counter() - t0
         renderer = ChatRenderer(tok, spec.tools(), stop_token=tok.eos_token)
         for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):

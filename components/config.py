@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from components.registry import Registry, UnknownNameError
+from components.rollout.base import EngineSettings
 
 __all__ = ["ConfigError", "Params", "apply_overrides", "import_plugins", "load_params", "parse_params"]
 
@@ -172,6 +173,24 @@ class RolloutParams(Section):
     # vLLM on CUDA only: sleep (weights to CPU memory, KV cache freed) during the RL update, wake up
     # before the weight sync. Accepted and unused on CPU.
     sleep_during_update: bool = True
+
+    def engine_settings(
+        self, seed: int, *, updates: bool = False, own_process: bool = False
+    ) -> EngineSettings:
+        """The rollout engine's :class:`components.rollout.base.EngineSettings` for a run seeded
+        ``seed``: a step's prompt + response fit its context (``max_model_len``); it sleeps during the
+        update (``sleep_during_update``) only where an update runs beside it (``updates``);
+        ``own_process``: vLLM in a process of its own (beside a data-parallel world of several ranks)."""
+        return EngineSettings(
+            engine=self.engine,
+            dtype=self.dtype,
+            max_model_len=self.max_prompt_len + self.max_response_len,
+            kv_cache_gib=self.kv_cache_gib,
+            seed=seed,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            sleep_mode=self.sleep_during_update and updates,
+            own_process=own_process,
+        )
 
 
 class EvaluateParams(Section):

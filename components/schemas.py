@@ -22,9 +22,17 @@ import pandera.errors as pa_errors
 import pandera.polars as pa
 import polars as pl
 
-__all__ = ["SPLIT_NAMES", "ProblemSchema", "StepSchema", "TaskSchema", "validate_table"]
+__all__ = ["SPLIT_NAMES", "TASK_COLUMNS", "ProblemSchema", "StepSchema", "TaskSchema", "validate_table"]
 
 SPLIT_NAMES = ["train", "val", "test"]
+# The polars dtypes of TaskSchema's columns, in order: a task's table adds its own columns after them.
+TASK_COLUMNS = {
+    "id": pl.String,
+    "question": pl.String,
+    "answer": pl.String,
+    "expert": pl.String,
+    "split": pl.String,
+}
 
 
 class TaskSchema(pa.DataFrameModel):

@@ -36,7 +36,6 @@ from components.chat import (
 from components.chat.server import free_port, port_free, server_env, vllm_command
 from components.config import ConfigError, load_params
 from components.envs.registry import TASKS, UnknownNameError, get_task
-from components.precision import resolve_rollout_dtype
 from flows import REPO, processed
 
 
@@ -224,18 +223,10 @@ def run(args: argparse.Namespace) -> int:
     if not port_free(port):
         raise UsageError(f"port {port} on 127.0.0.1 is in use; choose another with --port")
     name = model_dir.parent.name if model_dir.name == "final" else model_dir.name
-    argv = vllm_command(
-        model_dir,
-        port=port,
-        served_name=name,
-        dtype=resolve_rollout_dtype(r.dtype),
-        max_model_len=r.max_prompt_len + r.max_response_len,
-        seed=params.seed,
-    )
+    settings = r.engine_settings(params.seed)
+    argv = vllm_command(model_dir, settings, port=port, served_name=name)
     progress = lambda msg: print(msg, flush=True)  # noqa: E731
-    with VLLMServer(
-        argv, port=port, env=server_env(r.kv_cache_gib), timeout=args.timeout, progress=progress
-    ) as s:
+    with VLLMServer(argv, port=port, env=server_env(settings), timeout=args.timeout, progress=progress) as s:
         try:
             return go(agent_for(s.url, name))
         finally:

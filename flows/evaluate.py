@@ -28,7 +28,8 @@ from components.config import Params
 from components.envs import get_task
 from components.io import write_json, write_parquet
 from components.model.tiny import is_complete_checkpoint
-from components.rollout import RolloutEngine, make_engine
+from components.rollout import RolloutEngine
+from components.rollout.factory import make_engine
 from components.schemas import ProblemSchema, validate_table
 from components.stats import problem_results
 from flows import REPO, processed
@@ -46,19 +47,9 @@ def model_dir(name: str):
 def open_engine(params: Params, path: Path) -> tuple[RolloutEngine, ChatRenderer]:
     """A rollout engine with the ``rollout`` settings on the checkpoint at ``path`` (seed params.seed;
     no update runs beside it, so it never sleeps), and the task's renderer for its tokenizer."""
-    r = params.rollout
     tokenizer = AutoTokenizer.from_pretrained(path)
-    engine = make_engine(
-        r.engine,
-        str(path),
-        stop_token_ids=[tokenizer.eos_token_id],
-        dtype=r.dtype,
-        max_model_len=r.max_prompt_len + r.max_response_len,
-        kv_cache_gib=r.kv_cache_gib,
-        seed=params.seed,
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        sleep_mode=False,
-    )
+    settings = params.rollout.engine_settings(params.seed)
+    engine = make_engine(settings, str(path), stop_token_ids=[tokenizer.eos_token_id])
     return engine, ChatRenderer(tokenizer, get_task(params.task).tools(), stop_token=tokenizer.eos_token)
 
 

@@ -2,7 +2,8 @@
 logged to one MLflow run with the stage runs nested under it; the flow `make serve` deploys.
 
     python -m flows.pipeline run -S seed=1 -S sft.steps=50 [stage ...]    # once, here
-    python -m flows.pipeline serve       # the deployment pipeline/steprl (the Procfile of `make serve`)
+
+Its deployments (served by `make serve`, or on a work pool) are flows/pool.py's.
 """
 
 import argparse
@@ -10,7 +11,6 @@ import json
 import os
 import sys
 import time
-from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger, task
@@ -18,9 +18,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 from pydantic import Field
 
-from components.config import ConfigError
+from components.config import ConfigError, Params
 from flows import REPO
 from flows._experiments import (
+    ExperimentResult,
     check_experiment_name,
     experiment_ref,
     plan_run,
@@ -70,31 +71,12 @@ def pipeline(
     rev, run_overrides, params = plan_run(REPO, baseline, overrides, **named)
     remote = push_remote(REPO)  # STEPRL_PUSH (make worker): checked before anything runs
     targets = targets or []
-    name = check_experiment_name(experiment_name or flow_run.get_name() or time.strftime("run-%Y%m%d-%H%M%S"))
-    if experiment_ref(REPO, rev, name):
-        if experiment_name:
-            raise ConfigError(f"experiment_name {name!r}: an experiment of that name exists for {rev[:7]}")
-        name = f"{name}-{int(time.time()) % 100000}"
+    name = _experiment_name(rev, experiment_name)
     print(f"experiment {name!r} from {baseline} ({rev[:7]}), overrides: {' '.join(run_overrides) or 'none'}")
-    tags = {
-        "steprl.stage": "pipeline",
-        "steprl.dvc_exp": name,
-        "steprl.baseline": baseline,
-        "steprl.baseline_rev": rev,
-        "steprl.overrides": " ".join(run_overrides) or "(none)",
-        "steprl.targets": " ".join(targets) or "(all)",
-        "prefect.flow_run_id": str(flow_run.get_id() or ""),
-        "prefect.flow_run_name": str(flow_run.get_name() or ""),
-        "prefect.deployment": str(deployment.get_name() or ""),
-    }
+    tags = _run_tags(name, baseline, rev, run_overrides, targets)
     flat = flatten(params.model_dump(mode="json"))
     with mlflow_run(params, f"pipeline {name}", [], tags=tags, extra_params=flat) as run:
-        # the stages' environment, without the runner's internals; MLflow tags every run they start
-        # with MLFLOW_RUN_CONTEXT, which makes them children of this one
-        context = {"mlflow.parentRunId": run.info.run_id, "steprl.dvc_exp": name}
-        context["prefect.flow_run_id"] = tags["prefect.flow_run_id"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__")}
-        env |= {"MLFLOW_TRACKING_URI": tracking_uri(params), "MLFLOW_RUN_CONTEXT": json.dumps(context)}
+        env = _stage_env(params, run.info.run_id, name, tags["prefect.flow_run_id"])
         try:
             log = get_run_logger().info
             result = dvc_exp_run(
@@ -103,12 +85,8 @@ def pipeline(
         except BaseException as err:  # the run ends FAILED; keep why next to it
             mlflow.log_text(f"{type(err).__name__}: {err}\n", "error.txt")
             raise
-        mlflow.set_tags({"steprl.dvc_ref": result.ref, "steprl.dvc_rev": result.rev})
-        mlflow.log_metrics(metrics := read_metrics(REPO, result.rev, since=rev))
-        mlflow.log_text(result.log, "dvc_exp_run.log")
-        if remote:  # the experiment's git ref to the git remote, its outputs to the DVC remote
-            mlflow.log_text(push_experiment(REPO, remote, result.ref) + "\n", "dvc_exp_push.log")
-            mlflow.set_tag("steprl.dvc_pushed_to", remote)
+        metrics = _log_experiment(result, since=rev, remote=remote)
+        if remote:
             print(f"pushed experiment {name!r} to git remote {remote!r} and the default DVC remote")
     print(f"DVC experiment {name!r} ({result.rev[:7]}): `dvc exp show`, `dvc exp apply {name}`")
     return {
@@ -123,37 +101,53 @@ def pipeline(
     }
 
 
-def serve_deployment() -> None:
-    """Serve pipeline/steprl from this process (blocks; flow runs are subprocesses) with the Procfile's
-    settings: STEPRL_SCHEDULE_CRON or _INTERVAL (seconds), STEPRL_OVERRIDES (a JSON list). Without a
-    schedule it keeps the deployment's schedules (made in the UI), which `serve` would replace by none.
-    With STEPRL_WORK_POOL (make serve POOL=...) it first registers pipeline/on-<pool> on that work pool
-    (flows/pool.py), for the workers of other clones."""
-    import warnings
+def _experiment_name(rev: str, asked: str | None) -> str:
+    """The DVC experiment's name: ``asked`` (an error if taken for ``rev``), else the flow run's name
+    (or a time stamp) made unique for ``rev``."""
+    name = check_experiment_name(asked or flow_run.get_name() or time.strftime("run-%Y%m%d-%H%M%S"))
+    if experiment_ref(REPO, rev, name):
+        if asked:
+            raise ConfigError(f"experiment_name {name!r}: an experiment of that name exists for {rev[:7]}")
+        name = f"{name}-{int(time.time()) % 100000}"
+    return name
 
-    from prefect.deployments.runner import EntrypointType
 
-    from flows.pool import deploy, deployment_name, kept_schedules
+def _run_tags(name: str, baseline: str, rev: str, overrides: list[str], targets: list[str]) -> dict[str, str]:
+    """The pipeline MLflow run's tags: the experiment, what it started from, the Prefect flow run."""
+    return {
+        "steprl.stage": "pipeline",
+        "steprl.dvc_exp": name,
+        "steprl.baseline": baseline,
+        "steprl.baseline_rev": rev,
+        "steprl.overrides": " ".join(overrides) or "(none)",
+        "steprl.targets": " ".join(targets) or "(all)",
+        "prefect.flow_run_id": str(flow_run.get_id() or ""),
+        "prefect.flow_run_name": str(flow_run.get_name() or ""),
+        "prefect.deployment": str(deployment.get_name() or ""),
+    }
 
-    # Prefect's SIGTERM handler calls the async Runner.stop without awaiting it; keep its warning out
-    warnings.filterwarnings("ignore", "coroutine 'Runner.astop' was never awaited")
-    cron, interval = os.environ.get("STEPRL_SCHEDULE_CRON"), os.environ.get("STEPRL_SCHEDULE_INTERVAL")
-    overrides = json.loads(os.environ.get("STEPRL_OVERRIDES") or "[]")
-    if pool := os.environ.get("STEPRL_WORK_POOL"):
-        deploy(pool, overrides)
-        print(f"deployment pipeline/{deployment_name(pool)} on work pool {pool!r}: `make worker POOL={pool}`")
-    kept = [] if cron or interval else kept_schedules("pipeline/steprl")
-    pipeline.serve(
-        name="steprl",
-        cron=cron or None,
-        interval=timedelta(seconds=float(interval)) if interval else None,
-        schedules=kept or None,
-        parameters={"overrides": overrides} if overrides else None,
-        limit=1,  # one run at a time, the next ones wait
-        tags=["steprl"],
-        description="The steprl pipeline as a DVC experiment (dvc exp run), logged to MLflow.",
-        entrypoint_type=EntrypointType.MODULE_PATH,
-    )
+
+def _stage_env(params: Params, run_id: str, name: str, flow_run_id: str) -> dict[str, str]:
+    """The stages' environment, without the runner's internals; MLflow tags every run they start with
+    MLFLOW_RUN_CONTEXT, which makes them children of run ``run_id``."""
+    context = {"mlflow.parentRunId": run_id, "steprl.dvc_exp": name, "prefect.flow_run_id": flow_run_id}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT__")}
+    return env | {"MLFLOW_TRACKING_URI": tracking_uri(params), "MLFLOW_RUN_CONTEXT": json.dumps(context)}
+
+
+def _log_experiment(result: ExperimentResult, *, since: str, remote: str | None) -> dict[str, float]:
+    """Log the finished experiment to the active MLflow run (its ref and rev, the metrics it changed
+    since ``since``, the `dvc exp run` log) and push it to ``remote`` (the experiment's git ref to the
+    git remote, its outputs to the DVC remote); its metrics."""
+    import mlflow
+
+    mlflow.set_tags({"steprl.dvc_ref": result.ref, "steprl.dvc_rev": result.rev})
+    mlflow.log_metrics(metrics := read_metrics(REPO, result.rev, since=since))
+    mlflow.log_text(result.log, "dvc_exp_run.log")
+    if remote:
+        mlflow.log_text(push_experiment(REPO, remote, result.ref) + "\n", "dvc_exp_push.log")
+        mlflow.set_tag("steprl.dvc_pushed_to", remote)
+    return metrics
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,20 +158,17 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("-n", "--name", dest="experiment_name", default=None)
     run.add_argument("--baseline", choices=["head", "workspace"], default="head")
     run.add_argument("targets", nargs="*", help="DVC stages (default: the whole pipeline)")
-    sub.add_parser("serve", help="serve the deployment pipeline/steprl (needs PREFECT_API_URL)")
     args = vars(parser.parse_args(argv))
+    args.pop("command")
     try:
-        if args.pop("command") == "serve":
-            serve_deployment()
-        else:
-            print(json.dumps(pipeline(**args), indent=2))
+        print(json.dumps(pipeline(**args), indent=2))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
 if __name__ == "__main__":
-    # Import ourselves as flows.pipeline so the served flow pickles by its module path, not __main__.
+    # Import ourselves as flows.pipeline so the flow pickles by its module path, not __main__.
     from flows.pipeline import main as _main
 
     _main()

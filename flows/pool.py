@@ -1,8 +1,11 @@
-"""The `pipeline` deployment on a Prefect work pool, for workers on other machines (README: "Scaling out").
+"""The deployments of flow `pipeline`: served from this process, or on a Prefect work pool for workers on
+other machines (README: "Scaling out").
 
+    python -m flows.pool serve                     # pipeline/steprl (the Procfile of `make serve`)
     python -m flows.pool deploy --pool steprl      # make deploy POOL=steprl (make serve POOL=... runs it)
 
-Registers pipeline/on-<pool> on process work pool <pool> (created if missing) with Prefect's own API.
+`serve` serves pipeline/steprl with Prefect's `flow.serve` (flow runs are subprocesses of it).
+`deploy` registers pipeline/on-<pool> on process work pool <pool> (created if missing) with Prefect's own API.
 A worker (`make worker POOL=<pool>`, i.e. `prefect worker start`) runs each flow run in its own clone:
 the deployment's pull step enters the directory in the worker's STEPRL_REPO, and the worker's
 PYTHONPATH imports that clone's `flows.pipeline`. Schedules made in the UI survive a re-deploy.
@@ -111,6 +114,41 @@ def deploy(pool: str, overrides: list[str] | None = None) -> str:
     return str(build_deployment(pool, overrides).apply(work_pool_name=pool))
 
 
+def serve(overrides: list[str] | None = None) -> None:
+    """Serve pipeline/steprl from this process (blocks; flow runs are subprocesses) with the Procfile's
+    settings: STEPRL_SCHEDULE_CRON or _INTERVAL (seconds), STEPRL_OVERRIDES (a JSON list). Without a
+    schedule it keeps the deployment's schedules (made in the UI), which `serve` would replace by none.
+    With STEPRL_WORK_POOL (make serve POOL=...) it first registers pipeline/on-<pool> on that work pool
+    (:func:`deploy`), for the workers of other clones."""
+    import warnings
+    from datetime import timedelta
+
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.pipeline import pipeline
+
+    # Prefect's SIGTERM handler calls the async Runner.stop without awaiting it; keep its warning out
+    warnings.filterwarnings("ignore", "coroutine 'Runner.astop' was never awaited")
+    cron, interval = os.environ.get("STEPRL_SCHEDULE_CRON"), os.environ.get("STEPRL_SCHEDULE_INTERVAL")
+    if overrides is None:
+        overrides = json.loads(os.environ.get("STEPRL_OVERRIDES") or "[]")
+    if pool := os.environ.get("STEPRL_WORK_POOL"):
+        deploy(pool, overrides)
+        print(f"deployment pipeline/{deployment_name(pool)} on work pool {pool!r}: `make worker POOL={pool}`")
+    kept = [] if cron or interval else kept_schedules("pipeline/steprl")
+    pipeline.serve(
+        name="steprl",
+        cron=cron or None,
+        interval=timedelta(seconds=float(interval)) if interval else None,
+        schedules=kept or None,
+        parameters={"overrides": overrides} if overrides else None,
+        limit=1,  # one run at a time, the next ones wait
+        tags=["steprl"],
+        description="The steprl pipeline as a DVC experiment (dvc exp run), logged to MLflow.",
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.pool", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     dep.add_argument("--pool", required=True, help="the process work pool (created if missing)")
     dep.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    sub.add_parser("serve", help="serve the deployment pipeline/steprl (needs PREFECT_API_URL)")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        serve()
+        return 0
     try:
         if args.overrides:
             from flows import REPO

@@ -13,21 +13,21 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import psutil
 
+from components.ports import HOST, port_free
 from flows import REPO
 
-HOST, STATE = "127.0.0.1", REPO / ".prefect" / "serve.json"  # STATE: pid and ports of the running `start`
+STATE = REPO / ".prefect" / "serve.json"  # pid and ports of the running `start`
 
 
 class ServeError(RuntimeError):
@@ -54,14 +54,6 @@ class Endpoints(NamedTuple):
             "mlflow": f"{self.mlflow_url}/health",
             "deployment": f"{self.prefect_url}/api/deployments/name/pipeline/steprl",
         }
-
-
-def port_free(port: int) -> bool:
-    """Nobody listens on ``port`` (SO_REUSEADDR as the servers use it: TIME_WAIT leftovers do not count)."""
-    with socket.socket() as s, contextlib.suppress(OSError):
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        return s.bind((HOST, port)) is None
-    return False
 
 
 def get_json(url: str, body: object = None) -> tuple[int, object]:
@@ -133,55 +125,22 @@ def start(
     ``pool`` also pipeline/on-<pool>'s, see service_env). On a stop
     the deployment goes first (its flow runs report to both servers as they stop), SIGKILL follows
     after ``grace``; this process is the subreaper of them all, so what they orphaned is stopped too."""
-    import honcho.manager
     from honcho.environ import parse_procfile
 
     state_path = state_path or STATE
-    if state := running(state_path):
-        raise ServeError(
-            f"already running (pid {state['pid']}): `make status` shows it; Ctrl-C or `kill {state['pid']}` stops it"
-        )
-    for name, port in ep._asdict().items():
-        if not port_free(port):
-            raise ServeError(
-                f"port {port} on {HOST} is in use; choose another with --{name.replace('_', '-')}"
-            )
-    for logs in (".prefect", "mlflow"):  # the Procfile writes the servers' logs there
-        (repo / logs).mkdir(exist_ok=True)
-    with contextlib.suppress(AttributeError):  # Linux: what the services orphan is re-parented to us
-        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # (PR_SET_CHILD_SUBREAPER), so Ctrl-C stops it too
+    _check_free(ep, state_path)
+    _prepare(repo)
     began, pending, failed = time.time(), dict(ready or {**ep.urls, **pool_urls(ep, pool)}), []
-
-    class Manager(honcho.manager.Manager):
-        stopping = False
-
-        def terminate(self) -> None:  # honcho's stop of all processes (a signal, or one of them exited)
-            if not self.stopping:
-                self.stopping = True
-                _stop_deployment(self._processes.get("deployment", {}).get("pid"), grace)
-            super().terminate()
-            # honcho waits for each process's output to end: kill what still holds it after the grace
-            threading.Thread(target=lambda: (time.sleep(grace + 5), _kill_all()), daemon=True).start()
-
     env = service_env(ep, cron=cron, interval=interval, overrides=overrides, repo=repo, pool=pool)
-    manager = Manager()
+    manager = _manager(grace)
     for name, cmd in (processes or parse_procfile((repo / "Procfile").read_text()).processes).items():
         manager.add_process(name, cmd, env=env, cwd=str(repo))
-    honcho.manager.KILL_WAIT = grace  # a flow run takes ~8 s to stop its `dvc exp run` (2 busy cores)
 
     def watch() -> None:  # the banner and state file once everything answers; stop all if it never does
         time.sleep(1.0)  # honcho forks its output readers first; this thread holds no lock meanwhile
-        while pending and time.time() - began < timeout:
-            for name, url in list(pending.items()):
-                code, body = get_json(url)
-                updated = body.get("updated") if isinstance(body, dict) else None  # a record's
-                if code == 200 and (not updated or datetime.fromisoformat(updated).timestamp() > began - 1):
-                    print(f"{name} is up after {time.time() - began:.1f} s", flush=True)
-                    del pending[name]
-            time.sleep(0.5)
-        if pending:
-            print(f"error: {', '.join(pending)} did not answer within {timeout:.0f} s", flush=True)
-            failed.append(pending)
+        if late := _wait_until_up(pending, began, timeout):
+            print(f"error: {', '.join(late)} did not answer within {timeout:.0f} s", flush=True)
+            failed.append(late)
             return os.kill(os.getpid(), signal.SIGTERM)
         state = {
             "pid": os.getpid(),
@@ -190,19 +149,7 @@ def start(
             "started": time.ctime(),
         }
         state_path.write_text(json.dumps(state))
-        print(
-            f"steprl services are up ({time.time() - began:.1f} s):\n"
-            f"  Prefect UI   {ep.prefect_url}   deployment pipeline/steprl: Deployments -> steprl -> Run\n"
-            f"  MLflow UI    {ep.mlflow_url}\n"
-            + (
-                f"  work pool    {pool}: deployment pipeline/on-{pool}; workers: make worker POOL={pool}\n"
-                if pool
-                else ""
-            )
-            + '  your shell:  eval "$(.venv/bin/python -m flows.serve env)"   so your own dvc runs report here too\n'
-            "Ctrl-C stops everything.",
-            flush=True,
-        )
+        print(_banner(ep, pool, time.time() - began), flush=True)
 
     threading.Thread(target=watch, daemon=True).start()
     try:
@@ -213,6 +160,77 @@ def start(
             state_path.unlink()
         print("all steprl services stopped", flush=True)
     return 0 if manager.returncode in (130, 143) and not failed else 1  # a signal, else one of them died
+
+
+def _check_free(ep: Endpoints, state_path: Path) -> None:
+    """ServeError unless no `start` runs (its state file) and every port of ``ep`` is free."""
+    if state := running(state_path):
+        raise ServeError(
+            f"already running (pid {state['pid']}): `make status` shows it; Ctrl-C or `kill {state['pid']}` stops it"
+        )
+    for name, port in ep._asdict().items():
+        if not port_free(port):
+            raise ServeError(
+                f"port {port} on {HOST} is in use; choose another with --{name.replace('_', '-')}"
+            )
+
+
+def _prepare(repo: Path) -> None:
+    """The servers' log directories (the Procfile writes there), and this process as the subreaper."""
+    for logs in (".prefect", "mlflow"):
+        (repo / logs).mkdir(exist_ok=True)
+    with contextlib.suppress(AttributeError):  # Linux: what the services orphan is re-parented to us
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # (PR_SET_CHILD_SUBREAPER), so Ctrl-C stops it too
+
+
+def _manager(grace: float) -> Any:
+    """A honcho Manager whose stop (a signal, or one process exited) stops the deployment first, then
+    the others, and kills what still holds its output ``grace`` + 5 s later."""
+    import honcho.manager
+
+    class Manager(honcho.manager.Manager):
+        stopping = False
+
+        def terminate(self) -> None:
+            if not self.stopping:
+                self.stopping = True
+                _stop_deployment(self._processes.get("deployment", {}).get("pid"), grace)
+            super().terminate()
+            # honcho waits for each process's output to end: kill what still holds it after the grace
+            threading.Thread(target=lambda: (time.sleep(grace + 5), _kill_all()), daemon=True).start()
+
+    honcho.manager.KILL_WAIT = grace  # a flow run takes ~8 s to stop its `dvc exp run` (2 busy cores)
+    return Manager()
+
+
+def _wait_until_up(pending: dict[str, str], began: float, timeout: float) -> dict[str, str]:
+    """Poll ``pending`` ({name: URL}) until each answers 200 (a record only once updated after
+    ``began``), printing each as it comes up, or ``timeout`` s after ``began``; returns what never did."""
+    while pending and time.time() - began < timeout:
+        for name, url in list(pending.items()):
+            code, body = get_json(url)
+            updated = body.get("updated") if isinstance(body, dict) else None  # a record's
+            if code == 200 and (not updated or datetime.fromisoformat(updated).timestamp() > began - 1):
+                print(f"{name} is up after {time.time() - began:.1f} s", flush=True)
+                del pending[name]
+        time.sleep(0.5)
+    return pending
+
+
+def _banner(ep: Endpoints, pool: str | None, seconds: float) -> str:
+    """What `make serve` prints once everything answers: the URLs and what to do with them."""
+    return (
+        f"steprl services are up ({seconds:.1f} s):\n"
+        f"  Prefect UI   {ep.prefect_url}   deployment pipeline/steprl: Deployments -> steprl -> Run\n"
+        f"  MLflow UI    {ep.mlflow_url}\n"
+        + (
+            f"  work pool    {pool}: deployment pipeline/on-{pool}; workers: make worker POOL={pool}\n"
+            if pool
+            else ""
+        )
+        + '  your shell:  eval "$(.venv/bin/python -m flows.serve env)"   so your own dvc runs report here too\n'
+        "Ctrl-C stops everything."
+    )
 
 
 def pool_urls(ep: Endpoints, pool: str | None) -> dict[str, str]:

@@ -133,14 +133,8 @@ class ChatAgent:
                 traj["error"] = got
                 break
             message, finish = got
-            text = action_text(message)
-            calls = _calls(message)
-            record: dict[str, Any] = {
-                "turn": turn,
-                "text": text,
-                "finish_reason": finish,
-                "server_tool_calls": [{"name": c["name"], "arguments": c["arguments"]} for c in calls],
-            }
+            text, calls = action_text(message), _calls(message)
+            record = _turn_record(turn, text, finish, calls)
             traj["turns"].append(record)
             if finish == "length":
                 stop = "cut"
@@ -155,52 +149,88 @@ class ChatAgent:
                 emit(Event("answer", text, name=str(out.info.get("answer") or "")))
                 break
             content = _get(message, "content") or ""
-            if calls and content:
-                emit(Event("text", content))
-            for call in calls:
-                emit(Event("call", call["arguments"], name=call["name"]))
-            if not calls:  # the server found no well-formed call: the raw markup is what the model wrote
-                emit(Event("call", text, name="(unparsed)", is_error=True))
-            ids = [c["id"] for c in calls]
-            results = []
-            for m in out.messages:
-                is_error = str(m.get("content", "")).startswith("error:")
-                results.append({"name": m.get("name"), "content": m.get("content"), "is_error": is_error})
-                emit(
-                    Event("result", str(m.get("content", "")), name=str(m.get("name", "")), is_error=is_error)
-                )
-            record["results"] = results
-            if calls:
-                assistant = {
-                    "role": "assistant",
-                    "content": content or None,
-                    "tool_calls": [
-                        {
-                            "id": c["id"],
-                            "type": "function",
-                            "function": {"name": c["name"], "arguments": c["arguments"]},
-                        }
-                        for c in calls
-                    ],
-                }
-            else:
-                assistant = {"role": "assistant", "content": text}
-            tool_messages = [
-                {
-                    "role": "tool",
-                    "tool_call_id": ids[i] if i < len(ids) else f"call_t{turn}_{i}",
-                    "name": m.get("name"),
-                    "content": m.get("content", ""),
-                }
-                for i, m in enumerate(out.messages)
+            record["results"] = _show_tool_turn(content, calls, text, out.messages, emit)
+            messages = messages + [
+                _assistant_message(content, calls, text),
+                *_tool_messages(out.messages, calls, turn),
             ]
-            messages = messages + [assistant, *tool_messages]
         if stop == "max_turns":
             emit(Event("stop", f"[no answer after {self.max_turns} turns]", is_error=True))
         traj.update(messages=messages, stop=stop, expected=answer)
-        last = traj["turns"][-1] if traj["turns"] else {}
-        traj["reward"] = last.get("reward") if answer is not None else None
-        traj["correct"] = bool(last.get("correct")) if answer is not None and stop == "answer" else None
-        if answer is not None and stop != "answer":
-            traj["reward"], traj["correct"] = 0.0, False
-        return traj
+        return _scored(traj, stop, answer)
+
+
+def _turn_record(turn: int, text: str, finish: str | None, calls: list[dict[str, str]]) -> dict[str, Any]:
+    """A turn of the trajectory: what the model wrote and the calls the server parsed from it."""
+    return {
+        "turn": turn,
+        "text": text,
+        "finish_reason": finish,
+        "server_tool_calls": [{"name": c["name"], "arguments": c["arguments"]} for c in calls],
+    }
+
+
+def _show_tool_turn(
+    content: str,
+    calls: list[dict[str, str]],
+    text: str,
+    results: list[dict[str, Any]],
+    emit: Callable[[Event], None],
+) -> list[dict[str, Any]]:
+    """Emit a turn that did not end the episode (its text beside calls, each call, each tool result)
+    and return the results as the trajectory records them."""
+    if calls and content:
+        emit(Event("text", content))
+    for call in calls:
+        emit(Event("call", call["arguments"], name=call["name"]))
+    if not calls:  # the server found no well-formed call: the raw markup is what the model wrote
+        emit(Event("call", text, name="(unparsed)", is_error=True))
+    out = []
+    for m in results:
+        is_error = str(m.get("content", "")).startswith("error:")
+        out.append({"name": m.get("name"), "content": m.get("content"), "is_error": is_error})
+        emit(Event("result", str(m.get("content", "")), name=str(m.get("name", "")), is_error=is_error))
+    return out
+
+
+def _assistant_message(content: str, calls: list[dict[str, str]], text: str) -> dict[str, Any]:
+    """The assistant turn sent back: as the server returned it (its tool calls), or as raw text when
+    the server parsed no call."""
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {
+        "role": "assistant",
+        "content": content or None,
+        "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in calls
+        ],
+    }
+
+
+def _tool_messages(
+    results: list[dict[str, Any]], calls: list[dict[str, str]], turn: int
+) -> list[dict[str, Any]]:
+    """The environment's messages as ``tool`` messages answering the server's call ids in order (an
+    id of our own where the environment answered more than the server parsed)."""
+    ids = [c["id"] for c in calls]
+    return [
+        {
+            "role": "tool",
+            "tool_call_id": ids[i] if i < len(ids) else f"call_t{turn}_{i}",
+            "name": m.get("name"),
+            "content": m.get("content", ""),
+        }
+        for i, m in enumerate(results)
+    ]
+
+
+def _scored(traj: dict[str, Any], stop: str, answer: str | None) -> dict[str, Any]:
+    """``traj`` with its ``reward`` and ``correct``: the last turn's with an expected ``answer`` (0 and
+    False when the episode ended without one), None without."""
+    last = traj["turns"][-1] if traj["turns"] else {}
+    traj["reward"] = last.get("reward") if answer is not None else None
+    traj["correct"] = bool(last.get("correct")) if answer is not None and stop == "answer" else None
+    if answer is not None and stop != "answer":
+        traj["reward"], traj["correct"] = 0.0, False
+    return traj

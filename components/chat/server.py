@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,45 +28,30 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["HOST", "ServerError", "VLLMServer", "check_server", "free_port", "port_free", "vllm_command"]
+from components.ports import HOST, free_port, port_free
+from components.precision import resolve_rollout_dtype
+from components.rollout.base import EngineSettings
 
-HOST = "127.0.0.1"
+__all__ = ["HOST", "ServerError", "VLLMServer", "check_server", "free_port", "port_free", "vllm_command"]
 
 
 class ServerError(RuntimeError):
     """The server cannot be started or does not answer; the message is one line for the user."""
 
 
-def port_free(port: int, host: str = HOST) -> bool:
-    """Nobody listens on ``port`` of ``host`` (SO_REUSEADDR: TIME_WAIT leftovers do not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = HOST) -> int:
-    """A port the OS says is free now (another process may still take it before the server does)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def vllm_command(
     model_dir: str | Path,
+    settings: EngineSettings = EngineSettings(),
     *,
     port: int,
     served_name: str,
-    dtype: str = "float32",
-    max_model_len: int = 1024,
-    seed: int = 0,
     host: str = HOST,
     python: str = sys.executable,
 ) -> list[str]:
-    """The argv that serves ``model_dir`` as ``served_name`` with hermes tool calling on."""
+    """The argv that serves ``model_dir`` as ``served_name`` with hermes tool calling on, with the
+    rollout engine's ``settings`` (dtype, auto resolved here; max_model_len; seed; the KV cache is
+    :func:`server_env`'s)."""
+    max_model_len = settings.max_model_len
     return [
         python,
         "-m",
@@ -81,7 +65,7 @@ def vllm_command(
         "--port",
         str(port),
         "--dtype",
-        dtype,
+        resolve_rollout_dtype(settings.dtype),
         "--max-model-len",
         str(max_model_len),
         "--max-num-batched-tokens",
@@ -90,7 +74,7 @@ def vllm_command(
         "32",
         "--enforce-eager",
         "--seed",
-        str(seed),
+        str(settings.seed),
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         "hermes",
@@ -98,10 +82,11 @@ def vllm_command(
     ]
 
 
-def server_env(kv_cache_gib: float, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: ``base`` (default os.environ) with the KV cache size (GiB) and libiomp5."""
+def server_env(settings: EngineSettings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base`` (default os.environ) with the KV cache size of ``settings``
+    (GiB) and libiomp5."""
     env = dict(os.environ if base is None else base)
-    env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(settings.kv_cache_gib)))
     env.pop(
         "VLLM_ENABLE_V1_MULTIPROCESSING", None
     )  # the in-process rollout engine's setting, not the server's

@@ -1,5 +1,10 @@
-"""Rollout engines: token-in/token-out generation with log-probs, one interface (vLLM, transformers)."""
+"""Rollout engines: token-in/token-out generation with log-probs, one interface (vLLM, transformers).
 
-from components.rollout.base import Generation, RolloutEngine, SamplingConfig, make_engine
+The package exports the interface; build an engine with
+:func:`components.rollout.factory.make_engine` (not re-exported here: the engines import this package,
+and the factory imports the engines).
+"""
 
-__all__ = ["Generation", "RolloutEngine", "SamplingConfig", "make_engine"]
+from components.rollout.base import EngineSettings, Generation, RolloutEngine, SamplingConfig
+
+__all__ = ["EngineSettings", "Generation", "RolloutEngine", "SamplingConfig"]

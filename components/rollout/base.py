@@ -1,4 +1,7 @@
-"""The rollout engine interface and a factory by name.
+"""The rollout engine interface: what an engine takes (:class:`EngineSettings`), what it does
+(:class:`RolloutEngine`), and what it returns (:class:`Generation`). The engines (``vllm_engine``,
+``hf_engine``) import this module; the factory that picks one by name is
+:mod:`components.rollout.factory`, above both.
 
 An engine turns prompt token ids into sampled response token ids with the log-prob of every sampled
 token, and accepts new actor weights in place (no restart). It never sees text: token ids in, token
@@ -7,17 +10,40 @@ ids out, so what the trainer scores is exactly what was sampled.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from components.device import on_cuda
-from components.precision import resolve_rollout_dtype
+ENGINES = ("hf", "vllm")
 
-log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a rollout engine is built: params.yaml's ``rollout`` section as the engines read it, with
+    the run's seed. Passed whole to :func:`components.rollout.factory.make_engine` and the engines."""
+
+    engine: str = "vllm"  # "vllm" or "hf" (transformers generate)
+    # float32, bfloat16 or auto (components.precision.resolve_rollout_dtype)
+    dtype: str = "float32"
+    max_model_len: int = 1024  # prompt + response tokens of one step
+    kv_cache_gib: float = 1.0  # the vLLM CPU backend's KV cache, GiB
+    seed: int = 0
+    # vLLM on CUDA only: its share of the GPU's memory (weights + KV cache), in (0, 1), and whether it
+    # may sleep (weights to CPU memory, KV cache freed) while the actor and critic update.
+    gpu_memory_utilization: float = 0.3
+    sleep_mode: bool = True
+    # vLLM in a process of its own, apart from a data-parallel trainer's torch.distributed world (the
+    # "hf" engine never touches that world and stays in this process).
+    own_process: bool = False
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown rollout engine {self.engine!r}; valid: {list(ENGINES)}")
+        if not 0.0 < self.gpu_memory_utilization < 1.0:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1)")
 
 
 @dataclass(frozen=True)
@@ -56,58 +82,3 @@ class RolloutEngine(Protocol):
         """Undo ``sleep`` before the next ``generate`` or ``sync_weights``."""
 
     def close(self) -> None: ...
-
-
-def make_engine(
-    name: str,
-    model_dir: str,
-    *,
-    stop_token_ids: list[int],
-    dtype: str = "float32",
-    max_model_len: int = 1024,
-    kv_cache_gib: float = 1.0,
-    seed: int = 0,
-    gpu_memory_utilization: float = 0.3,
-    sleep_mode: bool = True,
-    own_process: bool = False,
-) -> RolloutEngine:
-    """Build the engine called ``name`` ("vllm" or "hf") on the HF checkpoint in ``model_dir``;
-    ``dtype`` float32, bfloat16 or auto (:func:`components.precision.resolve_rollout_dtype`).
-
-    ``gpu_memory_utilization`` (vLLM's share of the GPU's memory, weights + KV cache) and
-    ``sleep_mode`` (vLLM may :meth:`RolloutEngine.sleep` during the update) act on vLLM on CUDA only;
-    elsewhere they are accepted and one log line says they do nothing. ``own_process``: vLLM runs in a
-    process of its own, apart from a data-parallel trainer's torch.distributed world (the "hf" engine
-    never touches that world and stays in this process)."""
-    if not 0.0 < gpu_memory_utilization < 1.0:
-        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization!r} must be in (0, 1)")
-    dtype = resolve_rollout_dtype(dtype)
-    cuda = on_cuda()
-    if name != "vllm" or not cuda:
-        where = "on CPU" if not cuda else f"with the {name!r} engine"
-        log.info(
-            "rollout.gpu_memory_utilization=%s and rollout.sleep_during_update=%s do nothing %s "
-            "(vLLM on CUDA only)",
-            gpu_memory_utilization,
-            sleep_mode,
-            where,
-        )
-    if name == "vllm":
-        from components.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(
-            model_dir,
-            stop_token_ids=stop_token_ids,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            kv_cache_gib=kv_cache_gib,
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization if cuda else None,
-            sleep_mode=sleep_mode and cuda,
-            own_process=own_process,
-        )
-    if name == "hf":
-        from components.rollout.hf_engine import HFEngine
-
-        return HFEngine(model_dir, stop_token_ids=stop_token_ids, dtype=dtype)
-    raise ValueError(f"unknown rollout engine {name!r}; valid: ['hf', 'vllm']")

@@ -21,7 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from components.device import model_device, stage_device, to_device
-from components.rollout.base import Generation, SamplingConfig
+from components.precision import resolve_rollout_dtype
+from components.rollout.base import EngineSettings, Generation, SamplingConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -57,8 +58,12 @@ class SampledLogprobs:
 
 
 class HFEngine:
-    def __init__(self, model_dir: str, *, stop_token_ids: list[int], dtype: str = "float32") -> None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype]).eval()
+    def __init__(
+        self, model_dir: str, settings: EngineSettings = EngineSettings("hf"), *, stop_token_ids: list[int]
+    ) -> None:
+        """Of ``settings`` only ``dtype`` acts here (auto resolved for this machine)."""
+        dtype = _DTYPES[resolve_rollout_dtype(settings.dtype)]
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         self.model = model.to(stage_device())
         self.stop_token_ids = list(stop_token_ids)
         cfg = self.model.config

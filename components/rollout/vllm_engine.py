@@ -1,7 +1,7 @@
 """vLLM rollout engine: token-in/token-out, log-probs, seeded sampling, in-place weight sync.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can hand it a
-state dict directly. With ``own_process=True`` it runs in a process of its own (vLLM's
+state dict directly. With ``EngineSettings(own_process=True)`` it runs in a process of its own (vLLM's
 multiprocessing engine, started with ``spawn``): what a data-parallel trainer needs, because vLLM
 (0.32, ``init_distributed_environment``) adopts a torch.distributed world that already exists in its
 process as its own, and would build its groups over the trainer's N ranks. The weight sync then
@@ -40,11 +40,9 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from components.rollout.base import Generation, SamplingConfig
-from components.train.distributed import STORE_FILE_VAR
-
-# What a trainer's launcher puts in the environment; an own-process engine must not inherit it.
-_WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", STORE_FILE_VAR)
+from components.dist_env import WORLD_VARS as _WORLD_VARS
+from components.precision import resolve_rollout_dtype
+from components.rollout.base import EngineSettings, Generation, SamplingConfig
 
 
 def _set_cpu_defaults(kv_cache_gib: float) -> None:
@@ -79,35 +77,33 @@ class VLLMEngine:
     def __init__(
         self,
         model_dir: str,
+        settings: EngineSettings = EngineSettings(),
         *,
         stop_token_ids: list[int],
-        dtype: str = "float32",
-        max_model_len: int = 1024,
-        kv_cache_gib: float = 1.0,
-        seed: int = 0,
+        gpu: bool = False,
         token_budget: int = 65536,
         prefix_caching: bool = True,
         log_stats: bool = False,
         block_size: int = 32,
-        gpu_memory_utilization: float | None = None,
-        sleep_mode: bool = False,
-        own_process: bool = False,
     ) -> None:
-        """``gpu_memory_utilization`` (vLLM's share of the GPU: weights + KV cache) and ``sleep_mode``
-        (``enable_sleep_mode``: :meth:`sleep` frees the GPU memory during the update) are for CUDA
-        only; None / False leave vLLM's defaults (the CPU backend sizes its KV cache from
-        ``kv_cache_gib``). ``own_process``: the engine runs in a spawned process of its own."""
-        _set_cpu_defaults(kv_cache_gib)
+        """``settings``: dtype (float32 or bfloat16; auto is resolved here), max_model_len,
+        kv_cache_gib (the CPU backend's KV cache), seed, own_process (the engine runs in a spawned
+        process of its own). With ``gpu`` (vLLM on CUDA; :func:`components.rollout.factory.make_engine`
+        decides) ``settings.gpu_memory_utilization`` (vLLM's share of the GPU: weights + KV cache) and
+        ``settings.sleep_mode`` (``enable_sleep_mode``: :meth:`sleep` frees the GPU memory during the
+        update) reach vLLM; without it vLLM keeps its defaults and never sleeps."""
+        _set_cpu_defaults(settings.kv_cache_gib)
         from vllm import LLM  # imported late: it reads the environment at import time
 
+        own_process, max_model_len = settings.own_process, settings.max_model_len
         self.stop_token_ids = list(stop_token_ids)
         self.prefix_caching = prefix_caching
         self.token_budget = max(token_budget, max_model_len)
-        self.sleep_mode = sleep_mode
+        self.sleep_mode = settings.sleep_mode and gpu
         gpu_kw: dict = {}
-        if gpu_memory_utilization is not None:
-            gpu_kw["gpu_memory_utilization"] = gpu_memory_utilization
-        if sleep_mode:
+        if gpu:
+            gpu_kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        if self.sleep_mode:
             gpu_kw["enable_sleep_mode"] = True
         if own_process:
             gpu_kw["worker_extension_cls"] = "components.rollout.vllm_worker.FileWeightSync"
@@ -123,10 +119,10 @@ class VLLMEngine:
                 )
             self.llm = LLM(
                 model=str(model_dir),
-                dtype=dtype,
+                dtype=resolve_rollout_dtype(settings.dtype),
                 max_model_len=max_model_len,
                 enforce_eager=True,
-                seed=seed,
+                seed=settings.seed,
                 max_num_batched_tokens=self.token_budget,
                 enable_prefix_caching=prefix_caching,
                 block_size=block_size,

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict
 
 from components.envs.base import AgentEnv
 
-__all__ = ["TaskParams", "TaskRecipe", "user_file"]
+__all__ = ["TaskParams", "TaskRecipe", "split_sizes", "user_file"]
 
 
 class TaskParams(BaseModel):
@@ -123,3 +123,12 @@ def user_file(value: str, key: str, root: Path) -> Path:
     if not path.is_file():
         raise ValueError(f"{key}: {value!r} does not exist")
     return path
+
+
+def split_sizes(n_train: int, n_val: int, n_test: int) -> dict[str, int]:
+    """``{"train": n_train, "val": n_val, "test": n_test}``; a negative size is a ValueError naming it."""
+    sizes = {"train": n_train, "val": n_val, "test": n_test}
+    for split, value in sizes.items():
+        if value < 0:
+            raise ValueError(f"n_{split} must be >= 0, got {value}")
+    return sizes

@@ -35,12 +35,10 @@ from dataclasses import dataclass
 import torch
 
 from components.device import stage_device
+from components.dist_env import LAUNCHER_VARS as _LAUNCHER_VARS
+from components.dist_env import STORE_FILE_VAR
 
 __all__ = ["STORE_FILE_VAR", "DistInfo", "dp_rank_world", "free_port", "init_distributed"]
-
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-# Set by components.train.launch: the FileStore path of a world of local processes.
-STORE_FILE_VAR = "STEPRL_STORE_FILE"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from components.agent.loop import Episode, run_episodes
 from components.agent.render import ChatRenderer
 from components.device import model_device
-from components.rollout import make_engine
+from components.rollout.base import EngineSettings
+from components.rollout.factory import make_engine
 from components.train.checkpoint import load_engine_state, save_checkpoint
 from components.train.critic import build_critic, load_critic
 from components.train.engine import autocast_for, build_engine
@@ -47,21 +48,14 @@ class SessionConfig:
     warmup_steps: int
     adam_eps: float
     micro_batch_size: int
-    rollout_engine: str | None  # "vllm", "hf", or None: no rollout here (a follower rank, rank_mirror)
-    rollout_dtype: str
-    max_model_len: int
-    kv_cache_gib: float
+    # The rollout engine's settings (its seed is the run's), or None: no rollout engine here (a
+    # follower rank, rank_mirror). With several data-parallel ranks vLLM needs own_process=True.
+    rollout: EngineSettings | None
     seed: int
     # Where old log-probs come from: "detached" (the update's own forward, detached: exact and free,
     # on-policy only), "rollout" (the sampler's own, free; exact when rollout and trainer agree
     # numerically, as in fp32) or "recompute" (one actor forward per iteration).
     old_logprobs: str = "recompute"
-    # vLLM on CUDA only (components.rollout.vllm_engine): its share of the GPU's memory, and whether it
-    # sleeps (weights to CPU, KV cache freed) while the actor and critic update.
-    gpu_memory_utilization: float = 0.3
-    sleep_during_update: bool = True
-    # vLLM in a process of its own: needed beside a data-parallel world of several ranks (vllm_engine).
-    rollout_own_process: bool = False
     # A fitted critic to start from (the critic_warmup stage's models/critic); None = the SFT backbone
     # with a zero value head (components.train.critic.build_critic).
     critic_init: str | None = None
@@ -110,19 +104,8 @@ class RLSession:
             self.ref = ref.to(model_device(self.actor.module))
         self.rollout_engine = (
             None
-            if cfg.rollout_engine is None
-            else make_engine(
-                cfg.rollout_engine,
-                str(self.init_dir),
-                stop_token_ids=[self.tokenizer.eos_token_id],
-                dtype=cfg.rollout_dtype,
-                max_model_len=cfg.max_model_len,
-                kv_cache_gib=cfg.kv_cache_gib,
-                seed=cfg.seed,
-                gpu_memory_utilization=cfg.gpu_memory_utilization,
-                sleep_mode=cfg.sleep_during_update,
-                own_process=cfg.rollout_own_process,
-            )
+            if cfg.rollout is None
+            else make_engine(cfg.rollout, str(self.init_dir), stop_token_ids=[self.tokenizer.eos_token_id])
         )
         self.version: str = str(self.init_dir)  # the checkpoint the engines hold now
 
@@ -225,9 +208,10 @@ class RLSession:
         """The critic's update (when this session has a critic and ``critic`` is given), then the
         actor's (``actor`` None: the actor stays frozen, e.g. while the critic warms up); ``seed``
         shuffles the mini-batches."""
-        # vLLM on CUDA gives the GPU memory of its weights and KV cache to the update (a no-op elsewhere).
+        # vLLM on CUDA with rollout.sleep_mode gives the GPU memory of its weights and KV cache to the
+        # update (elsewhere sleep() is a no-op that returns False).
         engine = self.rollout_engine
-        asleep = self.cfg.sleep_during_update and engine is not None and engine.sleep()
+        asleep = engine is not None and engine.sleep()
         try:
             return self._update(rows, actor=actor, critic=critic, seed=seed)
         finally:

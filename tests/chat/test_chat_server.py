@@ -13,11 +13,14 @@ import pytest
 
 from components.chat import ServerError, VLLMServer, vllm_command
 from components.chat.server import free_port, server_env
+from components.rollout import EngineSettings
 from tests.chat.chat_helpers import live_group_members
 
 
 def test_the_vllm_command_turns_tool_calling_on_and_binds_localhost():
-    argv = vllm_command("/m", port=8123, served_name="grpo-s0", dtype="float32", max_model_len=576, seed=3)
+    argv = vllm_command(
+        "/m", EngineSettings(dtype="float32", max_model_len=576, seed=3), port=8123, served_name="grpo-s0"
+    )
     joined = " ".join(argv)
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     for flag in (
@@ -36,7 +39,10 @@ def test_the_vllm_command_turns_tool_calling_on_and_binds_localhost():
 
 
 def test_the_server_environment_sets_the_kv_cache_and_drops_the_in_process_switch():
-    env = server_env(2.4, {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "X": "y"})
+    env = server_env(
+        EngineSettings(kv_cache_gib=2.4),
+        {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "X": "y"},
+    )
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
     assert env["X"] == "y"
 

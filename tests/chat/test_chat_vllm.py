@@ -18,6 +18,7 @@ import pytest
 
 from components.chat import ChatAgent, VLLMServer, vllm_command
 from components.chat.server import free_port, server_env
+from components.rollout import EngineSettings
 from components.tasks.calc import make_env, tools
 from tests.chat.chat_helpers import (
     BAD_Q,
@@ -41,8 +42,14 @@ def _bad_feedback() -> str:
 def test_a_served_model_s_tool_call_is_parsed_by_the_server_and_answered_by_the_calculator(tmp_path):
     model_dir, steps = build_memorising_model(tmp_path / "m", _bad_feedback())
     port = free_port()
-    argv = vllm_command(model_dir, port=port, served_name="mem", max_model_len=512)
-    server = VLLMServer(argv, port=port, env=server_env(1.0), timeout=400, log_path=tmp_path / "vllm.log")
+    argv = vllm_command(model_dir, EngineSettings(max_model_len=512), port=port, served_name="mem")
+    server = VLLMServer(
+        argv,
+        port=port,
+        env=server_env(EngineSettings(kv_cache_gib=1.0)),
+        timeout=400,
+        log_path=tmp_path / "vllm.log",
+    )
     with server:
         pid = server.proc.pid
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="EMPTY", max_retries=0, timeout=120)

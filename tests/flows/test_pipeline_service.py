@@ -581,7 +581,7 @@ def test_procfile_runs_the_three_services_on_the_tools_own_settings():
     procfile = _procfile()
     assert list(procfile) == ["prefect", "mlflow", "deployment"]
     assert "prefect server start" in procfile["prefect"] and "mlflow/server.sh" in procfile["mlflow"]
-    assert "flows.pipeline serve" in procfile["deployment"]
+    assert "flows.pool serve" in procfile["deployment"]
     env = serve.service_env(Endpoints(4311, 5055), cron="0 3 * * *", overrides=["seed=1"])
     assert (env["PREFECT_SERVER_API_HOST"], env["PREFECT_SERVER_API_PORT"]) == ("127.0.0.1", "4311")
     assert env["PREFECT_UI_API_URL"] == env["PREFECT_API_URL"] == "http://127.0.0.1:4311/api"

@@ -8,7 +8,7 @@ import pytest
 
 from components.model.tiny import save_hf
 from components.model.tokenizer import build_tokenizer
-from components.rollout import SamplingConfig
+from components.rollout import EngineSettings, SamplingConfig
 from components.rollout.vllm_engine import VLLMEngine
 from tests.tiny_vllm_models import noisy_tiny_model, perturb
 
@@ -30,7 +30,7 @@ def test_weight_sync_invalidates_the_prefix_cache(tmp_path):
     prompts = [system + tok.encode(f"add {a} and") for a in (3, 17, 42)]
     stop = [tok.eos_token_id]
 
-    engine = VLLMEngine(str(old), stop_token_ids=stop, max_model_len=512, log_stats=True)
+    engine = VLLMEngine(str(old), EngineSettings(max_model_len=512), stop_token_ids=stop, log_stats=True)
     try:
         before = _generate(engine, prompts)
         assert _generate(engine, prompts) == before  # the cached prefix gives the same generation
@@ -52,7 +52,7 @@ def test_weight_sync_invalidates_the_prefix_cache(tmp_path):
     assert after != before, "the test cannot tell the new weights from the old ones"
 
     fresh_engine = VLLMEngine(
-        str(save_hf(model, tok, tmp_path / "new")), stop_token_ids=stop, max_model_len=512
+        str(save_hf(model, tok, tmp_path / "new")), EngineSettings(max_model_len=512), stop_token_ids=stop
     )
     try:
         fresh = _generate(fresh_engine, prompts)

@@ -7,7 +7,8 @@ import torch
 
 from components.model.tiny import save_hf
 from components.model.tokenizer import build_tokenizer
-from components.rollout import SamplingConfig, make_engine
+from components.rollout import EngineSettings, SamplingConfig
+from components.rollout.factory import make_engine
 from components.train.policy import make_token_batch, response_logprobs
 from tests.tiny_vllm_models import noisy_tiny_model, perturb
 
@@ -22,7 +23,9 @@ def setup(tmp_path_factory):
     tok = build_tokenizer(corpus, vocab_size=400)
     model = noisy_tiny_model(tok, max_position_embeddings=256, scale=0.1)
     path = save_hf(model, tok, tmp_path_factory.mktemp("sync") / "m")
-    engine = make_engine("vllm", str(path), stop_token_ids=[tok.eos_token_id], max_model_len=256, seed=0)
+    engine = make_engine(
+        EngineSettings("vllm", max_model_len=256, seed=0), str(path), stop_token_ids=[tok.eos_token_id]
+    )
     yield tok, model.eval(), engine
     engine.close()
 

@@ -10,7 +10,8 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-import components.rollout.base as base
+import components.rollout.factory as factory
+from components.rollout.base import EngineSettings
 from components.rollout.vllm_engine import VLLMEngine
 
 
@@ -27,18 +28,22 @@ class FakeLLM:
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    mod = ModuleType("vllm")
-    mod.LLM = FakeLLM
+    """A stand-in package ``vllm`` with ``vllm.LLM`` and ``vllm.envs`` (the engine imports both), so the
+    test needs no earlier test to have imported the real one."""
+    mod, envs = ModuleType("vllm"), ModuleType("vllm.envs")
+    mod.__path__ = []  # a package: `import vllm.envs` finds the submodule planted below
+    mod.LLM, mod.envs = FakeLLM, envs
+    envs.VLLM_ENABLE_V1_MULTIPROCESSING = False
     monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setitem(sys.modules, "vllm.envs", envs)
 
 
 @pytest.mark.parametrize("cuda", [True, False])
 def test_settings_reach_vllm_on_cuda_only(fake_vllm, monkeypatch, caplog, cuda):
-    monkeypatch.setattr(base, "on_cuda", lambda: cuda)
-    with caplog.at_level(logging.INFO, logger=base.__name__):
-        engine = base.make_engine(
-            "vllm", "/m", stop_token_ids=[2], gpu_memory_utilization=0.4, sleep_mode=True
-        )
+    monkeypatch.setattr(factory, "on_cuda", lambda: cuda)
+    settings = EngineSettings("vllm", gpu_memory_utilization=0.4, sleep_mode=True)
+    with caplog.at_level(logging.INFO, logger=factory.__name__):
+        engine = factory.make_engine(settings, "/m", stop_token_ids=[2])
     kw = engine.llm.kw
     if cuda:
         assert kw["gpu_memory_utilization"] == 0.4 and kw["enable_sleep_mode"] is True
@@ -55,24 +60,27 @@ def test_settings_reach_vllm_on_cuda_only(fake_vllm, monkeypatch, caplog, cuda):
         assert len(lines) == 1 and "rollout.sleep_during_update" in lines[0].getMessage()
 
 
-def test_make_engine_rejects_a_utilization_outside_0_1():
+def test_engine_settings_reject_a_utilization_outside_0_1_and_an_unknown_engine():
     with pytest.raises(ValueError, match="gpu_memory_utilization=1.5"):
-        base.make_engine("hf", "/m", stop_token_ids=[2], gpu_memory_utilization=1.5)
+        EngineSettings("hf", gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match=r"unknown rollout engine 'sglang'; valid: \['hf', 'vllm'\]"):
+        EngineSettings("sglang")
 
 
-@pytest.mark.parametrize("sleep_during_update, slept", [(True, True), (False, False)])
-def test_session_update_sleeps_and_wakes_the_engine(monkeypatch, sleep_during_update, slept):
+@pytest.mark.parametrize("slept", [True, False])
+def test_session_update_sleeps_and_wakes_the_engine(monkeypatch, slept):
+    """The update asks the engine to sleep, and wakes it after the update only if it did sleep (an
+    engine without sleep mode, or not on CUDA, answers False)."""
     from components.train.rl_session import RLSession
 
     calls = []
     s = object.__new__(RLSession)
-    s.cfg = SimpleNamespace(sleep_during_update=sleep_during_update)
     s.rollout_engine = SimpleNamespace(
-        sleep=lambda: calls.append("sleep") or True, wake_up=lambda: calls.append("wake_up")
+        sleep=lambda: calls.append("sleep") or slept, wake_up=lambda: calls.append("wake_up")
     )
     monkeypatch.setattr(s, "_update", lambda rows, **kw: calls.append("update") or {"m": 1.0}, raising=False)
     assert s.update([], actor=None, critic=None, seed=0) == {"m": 1.0}
-    assert calls == (["sleep", "update", "wake_up"] if slept else ["update"])
+    assert calls == (["sleep", "update", "wake_up"] if slept else ["sleep", "update"])
 
 
 def test_vllm_engine_without_sleep_mode_never_sleeps(fake_vllm):

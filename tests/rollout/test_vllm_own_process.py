@@ -1,7 +1,7 @@
 """vLLM in a process of its own beside a 2-rank trainer world (the multi-rank train stage's engine).
 
 In a fresh process (vLLM caches its environment once an in-process engine has started), rank 0 of a
-2-rank gloo world starts ``VLLMEngine(own_process=True)``: the trainer's world is untouched (rank 1
+2-rank gloo world starts a vLLM engine with ``EngineSettings(own_process=True)``: the trainer's world is untouched (rank 1
 still meets rank 0 in a barrier afterwards), the engine is vLLM's multiprocessing client, and its
 log-probs equal the trainer's before an "update", differ after it (stale weights), and equal them again
 after the weight sync through a safetensors file (components.rollout.vllm_worker).
@@ -46,7 +46,8 @@ def _max_diff(tok, model, engine, seed: int) -> float:
 def _leader(rank: int, workdir: str, out: str) -> None:
     from components.model.tiny import save_hf
     from components.model.tokenizer import build_tokenizer
-    from components.rollout import make_engine
+    from components.rollout import EngineSettings
+    from components.rollout.factory import make_engine
     from components.train.distributed import init_distributed
     from components.train.launch import local_world
     from tests.tiny_vllm_models import noisy_tiny_model, perturb
@@ -58,9 +59,8 @@ def _leader(rank: int, workdir: str, out: str) -> None:
     result = {}
     with local_world(2, _follower):
         init_distributed()
-        engine = make_engine(
-            "vllm", str(path), stop_token_ids=[tok.eos_token_id], max_model_len=256, seed=0, own_process=True
-        )
+        settings = EngineSettings("vllm", max_model_len=256, seed=0, own_process=True)
+        engine = make_engine(settings, str(path), stop_token_ids=[tok.eos_token_id])
         result["client"] = type(engine.llm.llm_engine.engine_core).__name__
         result["before"] = _max_diff(tok, model, engine, 1)
         perturb(model, 0.05, 1)

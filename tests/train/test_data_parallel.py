@@ -123,9 +123,7 @@ def _session_cfg():
         critic_lr=LR,
         grad_clip=1e9,
         micro_batch_size=3,
-        rollout_engine=None,
-        max_model_len=128,
-        kv_cache_gib=1.0,
+        rollout=None,
     )
 
 

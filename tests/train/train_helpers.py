@@ -88,6 +88,7 @@ def run_critic_update(engine: Any, rows: list[dict], **kw: Any) -> dict[str, flo
 def session_config(**overrides: Any):
     """RLSession settings of the tests: no critic or reference, ZeRO-0 fp32, lr 1e-4, the hf rollout
     engine on 64 tokens; ``overrides`` replace any field of SessionConfig."""
+    from components.rollout import EngineSettings
     from components.train.rl_session import SessionConfig
 
     base: dict[str, Any] = dict(
@@ -101,10 +102,7 @@ def session_config(**overrides: Any):
         warmup_steps=0,
         adam_eps=1e-8,
         micro_batch_size=4,
-        rollout_engine="hf",
-        rollout_dtype="float32",
-        max_model_len=64,
-        kv_cache_gib=0.1,
+        rollout=EngineSettings("hf", dtype="float32", max_model_len=64, kv_cache_gib=0.1, seed=0),
         seed=0,
     )
     return SessionConfig(**(base | overrides))

@@ -35,10 +35,22 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from components.schemas import TaskSchema, validate_table
+from components.schemas import TASK_COLUMNS, TaskSchema, validate_table
 from components.tasks.calc.expert import answer_message, call_message, encode_expert, tool_message
+from components.tasks.recipe import split_sizes
 
-__all__ = ["SPLITS", "Problem", "generate_problem", "generate_split", "generate_splits", "weak_messages"]
+__all__ = [
+    "SPLITS",
+    "TASK_DTYPES",
+    "Problem",
+    "generate_problem",
+    "generate_split",
+    "generate_splits",
+    "weak_messages",
+]
+
+# The calc task table's columns (TaskSchema), generated or loaded (gsm8k.py).
+TASK_DTYPES = {**TASK_COLUMNS, "n_calls": pl.Int64}
 
 SPLITS = ("train", "val", "test")
 _NAMES = (
@@ -192,15 +204,7 @@ def generate_split(
                 "weak": _weak_column(p, weak_rng, weak_max_calls, weak_per_question),
             }
         )
-    schema = {
-        "id": pl.String,
-        "question": pl.String,
-        "answer": pl.String,
-        "expert": pl.String,
-        "split": pl.String,
-        "n_calls": pl.Int64,
-        "weak": pl.String,
-    }
+    schema = {**TASK_DTYPES, "weak": pl.String}  # only generated tables have weaker demonstrations
     return pl.DataFrame(rows, schema=schema)
 
 
@@ -218,10 +222,7 @@ def generate_splits(
     """``{"train", "val", "test"}`` tables (TaskSchema) with no question shared between them.
 
     Only the train split gets weaker demonstrations (the others are never imitated)."""
-    for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
-        if value < 0:
-            raise ValueError(f"{key} must be >= 0, got {value}")
-    sizes = {"train": n_train, "val": n_val, "test": n_test}
+    sizes = split_sizes(n_train, n_val, n_test)
     taken: set[str] = set()
     out = {}
     for split in ("test", "val", "train"):

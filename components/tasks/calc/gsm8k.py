@@ -24,6 +24,7 @@ import polars as pl
 from components.schemas import TaskSchema, validate_table
 from components.tasks.calc.calculator import calculate
 from components.tasks.calc.expert import answer_message, call_message, encode_expert, tool_message
+from components.tasks.calc.generator import TASK_DTYPES
 from components.tasks.calc.reward import normalize_number
 
 __all__ = ["load_gsm8k", "load_splits", "parse_gsm8k_answer"]
@@ -31,14 +32,6 @@ __all__ = ["load_gsm8k", "load_splits", "parse_gsm8k_answer"]
 _FINAL = re.compile(r"####\s*(\S+)\s*$")
 _ANNOTATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
-_TASK_DTYPES = {
-    "id": pl.String,
-    "question": pl.String,
-    "answer": pl.String,
-    "expert": pl.String,
-    "split": pl.String,
-    "n_calls": pl.Int64,
-}
 
 
 def parse_gsm8k_answer(answer: str) -> tuple[str, list[str]] | None:
@@ -116,7 +109,7 @@ def load_gsm8k(path: str | Path, *, split: str = "train") -> pl.DataFrame:
         )
     if not out:
         raise ValueError(f"{path}: no rows")
-    return validate_table(pl.DataFrame(out, schema=_TASK_DTYPES), TaskSchema, str(path))
+    return validate_table(pl.DataFrame(out, schema=TASK_DTYPES), TaskSchema, str(path))
 
 
 def load_splits(

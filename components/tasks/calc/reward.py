@@ -13,10 +13,10 @@ import re
 from fractions import Fraction
 
 from components.tasks.calc.calculator import format_number
+from components.tasks.prompts import answer_content
 
 __all__ = ["normalize_number", "parse_answer", "score"]
 
-_OPEN, _CLOSE = "<answer>", "</answer>"
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
 _MAX_NUMBER_CHARS = 40
 
@@ -31,12 +31,8 @@ def normalize_number(text: str) -> str | None:
 
 def parse_answer(text: str) -> str | None:
     """The canonical number in the last ``<answer>...</answer>`` of ``text``; None if absent or not a number."""
-    text = str(text)
-    end = text.rfind(_CLOSE)  # str.rfind, not a regex: linear time on any input
-    start = text.rfind(_OPEN, 0, max(end, 0))
-    if end < 0 or start < 0:
-        return None
-    return normalize_number(text[start + len(_OPEN) : end])
+    content = answer_content(text)
+    return None if content is None else normalize_number(content)
 
 
 def score(final_text: str, answer: str) -> float:

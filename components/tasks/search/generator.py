@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from components.schemas import validate_table
+from components.schemas import TASK_COLUMNS, validate_table
+from components.tasks.recipe import split_sizes
 from components.tasks.search.expert import answer_message, call_message, encode, memory_message, tool_message
 from components.tasks.search.index import SearchIndex
 from components.tasks.search.kb import RELATIONS, KnowledgeBase, generate_kb
@@ -44,11 +45,7 @@ __all__ = ["SPLITS", "TASK_DTYPES", "GeneratedData", "Question", "enumerate_ques
 
 SPLITS = ("train", "val", "test")
 TASK_DTYPES = {
-    "id": pl.String,
-    "question": pl.String,
-    "answer": pl.String,
-    "expert": pl.String,
-    "split": pl.String,
+    **TASK_COLUMNS,
     "n_hops": pl.Int64,
     "gold_titles": pl.String,
     "weak": pl.String,
@@ -151,9 +148,7 @@ def generate(
     max_result_chars: int = 400,
 ) -> GeneratedData:
     """The knowledge base, its index and the ``{"train", "val", "test"}`` tables (SearchTaskSchema)."""
-    for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
-        if value < 0:
-            raise ValueError(f"{key} must be >= 0, got {value}")
+    sizes = split_sizes(n_train, n_val, n_test)
     if not 1 <= min_hops <= max_hops <= 3:
         raise ValueError(f"need 1 <= min_hops <= max_hops <= 3, got min_hops={min_hops}, max_hops={max_hops}")
     if weak_max_hops < 0 or weak_per_question < 0:
@@ -169,7 +164,6 @@ def generate(
         pools[h] = enumerate_questions(kb, h)
         rng.shuffle(pools[h])
     total = sum(len(p) for p in pools.values())
-    sizes = {"train": n_train, "val": n_val, "test": n_test}
     if sum(sizes.values()) > total:
         raise ValueError(
             f"n_entities={n_entities} gives {total} questions of {min_hops}..{max_hops} hops, fewer than "

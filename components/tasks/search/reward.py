@@ -14,9 +14,10 @@ import re
 import string
 from collections import Counter
 
+from components.tasks.prompts import answer_content
+
 __all__ = ["exact_match", "f1", "normalize_answer", "parse_answer", "score"]
 
-_OPEN, _CLOSE = "<answer>", "</answer>"
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 _MAX_ANSWER_CHARS = 400
@@ -30,12 +31,10 @@ def normalize_answer(text: str) -> str:
 
 def parse_answer(text: str) -> str | None:
     """The stripped content of the last ``<answer>...</answer>`` of ``text``; None if absent or too long."""
-    text = str(text)
-    end = text.rfind(_CLOSE)  # str.rfind, not a regex: linear time on any input
-    start = text.rfind(_OPEN, 0, max(end, 0))
-    if end < 0 or start < 0:
+    content = answer_content(text)
+    if content is None:
         return None
-    answer = text[start + len(_OPEN) : end].strip()
+    answer = content.strip()
     return answer if len(answer) <= _MAX_ANSWER_CHARS else None
 
 

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from components.schemas import validate_table
+from components.schemas import TASK_COLUMNS, validate_table
 from components.tasks.calc.calculator import calculate
 from components.tasks.calc.expert import call_message as calc_call
 from components.tasks.calc.expert import tool_message as calc_message
 from components.tasks.demonstrations import answer_message, encode
+from components.tasks.recipe import split_sizes
 from components.tasks.search.expert import call_message as search_call
 from components.tasks.search.expert import tool_message as search_message
 from components.tasks.search.generator import hop_counts
@@ -47,11 +48,7 @@ __all__ = ["SPLITS", "TASK_DTYPES", "GeneratedData", "expert_demo", "generate", 
 
 SPLITS = ("train", "val", "test")
 TASK_DTYPES = {
-    "id": pl.String,
-    "question": pl.String,
-    "answer": pl.String,
-    "expert": pl.String,
-    "split": pl.String,
+    **TASK_COLUMNS,
     "kind": pl.String,
     "n_searches": pl.Int64,
     "gold_titles": pl.String,
@@ -109,9 +106,7 @@ def generate(
     max_result_chars: int = 400,
 ) -> GeneratedData:
     """The numeric knowledge base, its index and the ``{"train", "val", "test"}`` tables."""
-    for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
-        if value < 0:
-            raise ValueError(f"{key} must be >= 0, got {value}")
+    split_sizes(n_train, n_val, n_test)  # checks them
     if max_searches not in (1, 2):
         raise ValueError(f"max_searches must be 1 or 2, got {max_searches}")
     if weak_per_question < 0:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from components.tasks.prompts import question_messages
 
 __all__ = ["SYSTEM_PROMPT", "initial_messages"]
 
@@ -13,9 +12,4 @@ SYSTEM_PROMPT = (
     "calculator for the arithmetic. Reply with <answer>NUMBER</answer>."
 )
 
-
-def initial_messages(row: Mapping[str, Any]) -> list[dict[str, str]]:
-    """``[system, user]`` messages for a task row (its ``question``)."""
-    if "question" not in row:
-        raise KeyError(f"task row has no 'question' column (columns: {sorted(row)})")
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": str(row["question"])}]
+initial_messages = question_messages(SYSTEM_PROMPT)

@@ -11,6 +11,7 @@ GiGPO its anchor states. Importing this package registers the recipe under the n
 
 from components.envs.registry import register_task
 from components.tasks.demonstrations import demonstrations, expert_messages
+from components.tasks.prompts import question_messages
 from components.tasks.recipe import TaskRecipe
 from components.tasks.sokoban.env import CODEC, SokobanEnv, make_env, parse_action, tools
 from components.tasks.sokoban.generator import make_splits
@@ -18,15 +19,8 @@ from components.tasks.sokoban.metrics import episode_metrics
 from components.tasks.sokoban.params import SokobanParams
 from components.tasks.sokoban.prompts import SYSTEM_PROMPT, intro
 
-
-def initial_messages(row):
-    """``[system, user]``: the system prompt and the start grid (a row's ``question``)."""
-    if "question" not in row:
-        raise KeyError(f"task row has no 'question' column (columns: {sorted(row)})")
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": intro(str(row["question"]))},
-    ]
+# [system, user]: the system prompt and the start grid (a row's question)
+initial_messages = question_messages(SYSTEM_PROMPT, intro)
 
 
 RECIPE = register_task(

@@ -26,6 +26,7 @@ import polars as pl
 
 from components.schemas import TaskSchema, validate_table
 from components.tasks.demonstrations import encode
+from components.tasks.recipe import split_sizes
 from components.tasks.sokoban.env import ENV_FILE
 from components.tasks.sokoban.level import ACTIONS, Level, State, apply, generate, render, solve, to_xsb
 from components.tasks.sokoban.params import SokobanParams
@@ -84,7 +85,7 @@ def make_splits(
     if data_dir is not None:
         Path(data_dir).mkdir(parents=True, exist_ok=True)
         (Path(data_dir) / ENV_FILE).write_text(json.dumps(p.env_settings(), indent=2))
-    sizes = {"train": n_train, "val": n_val, "test": n_test}
+    sizes = split_sizes(n_train, n_val, n_test)
     seen: set[str] = set()
     out: dict[str, pl.DataFrame] = {}
     for split in SPLITS:

@@ -1,0 +1,18 @@
+"""The environment variables that place a process in a torch.distributed world, in one place.
+
+A launcher (``deepspeed``, ``torchrun``, or steprl's own :mod:`components.train.launch`) sets them;
+:mod:`components.train.distributed` reads them to join the world, and
+:mod:`components.rollout.vllm_engine` removes them from the environment of a vLLM engine that runs in
+a process of its own (it must not join the trainer's world). It reads and sets nothing itself.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LAUNCHER_VARS", "STORE_FILE_VAR", "WORLD_VARS"]
+
+# What the deepspeed/torchrun launcher sets for every rank.
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# Set by components.train.launch: the FileStore path of a world of local processes.
+STORE_FILE_VAR = "STEPRL_STORE_FILE"
+# Everything that makes a process join a world: what a process outside the world must not inherit.
+WORLD_VARS = (*LAUNCHER_VARS, STORE_FILE_VAR)

@@ -1,0 +1,41 @@
+"""What the tasks' prompts share: the initial messages of an episode (the task's system prompt, then
+the row's question as the user message, which a task may first render, e.g. sokoban's grid), and the
+``<answer>...</answer>`` a final answer is given in (:func:`answer_content`; each task judges it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["answer_content", "question_messages"]
+
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+
+
+def question_messages(
+    system_prompt: str, render: Callable[[str], str] = str
+) -> Callable[[Mapping[str, Any]], list[dict[str, str]]]:
+    """A recipe's ``initial_messages(row)``: ``[system, user]``, the user message being
+    ``render(row["question"])``; a row without a ``question`` is a KeyError naming its columns."""
+
+    def initial_messages(row: Mapping[str, Any]) -> list[dict[str, str]]:
+        """``[system, user]`` messages for a task row (its ``question``)."""
+        if "question" not in row:
+            raise KeyError(f"task row has no 'question' column (columns: {sorted(row)})")
+        return [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": render(str(row["question"]))},
+        ]
+
+    return initial_messages
+
+
+def answer_content(text: str) -> str | None:
+    """The raw content of the last complete ``<answer>...</answer>`` of ``text`` (model output, any
+    string); None if there is none. Linear time: ``str.rfind``, never a regex."""
+    text = str(text)
+    end = text.rfind(ANSWER_CLOSE)
+    start = text.rfind(ANSWER_OPEN, 0, max(end, 0))
+    if end < 0 or start < 0:
+        return None
+    return text[start + len(ANSWER_OPEN) : end]
