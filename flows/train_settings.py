@@ -88,7 +88,9 @@ def session_config(
         warmup_steps=t.lr_warmup_steps,
         adam_eps=t.adam_eps,
         micro_batch_size=t.micro_batch_size,
-        rollout=r.engine_settings(params.seed, updates=True, own_process=ds.world_size > 1) if rollout else None,
+        rollout=r.engine_settings(params.seed, updates=True, own_process=ds.world_size > 1)
+        if rollout
+        else None,
         seed=params.seed,
         old_logprobs=t.old_logprobs,
         critic_init=str(critic) if critic is not None and parts["critic"] is not None else None,
