@@ -67,7 +67,9 @@ class _Rows:
 
 
 def _tensors(rows: Sequence[dict[str, Any]], pad_id: int) -> _Rows:
-    batch = make_token_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id)
+    """Rows' tensors; prompts that share a prefix (a task's system prompt) forward it once."""
+    prompts, responses = [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows]
+    batch = make_token_batch(prompts, responses, pad_id, share_prefix=True)
     L = batch.response_ids.size(1)
     return _Rows(
         batch,
