@@ -12,14 +12,16 @@ raw text as content, and the environment answers it with its error message, as i
 The environment's messages go back to the server as ``tool`` messages; the assistant turn as the
 server returned it (its ``tool_calls``), or as raw text when the server parsed no call. An episode
 ends at the first turn without a tool call (the final answer), at ``max_turns`` agent turns (training's
-``rollout.max_steps``), at a response cut at ``max_tokens`` (not executed, as in training), or when
-the server refuses a context longer than its ``--max-model-len``.
+``rollout.max_steps``), at a response cut at ``max_tokens`` (not executed), or when the server
+refuses a context longer than its ``--max-model-len``.
 
 Departures from the training rollout:
 1. The server re-renders the conversation from messages at every turn instead of appending the
    sampled token ids, so a response the model tokenised unusually is re-tokenised canonically.
 2. vLLM's parser also reads a ``<tool_call>`` whose ``</tool_call>`` is missing when its JSON is
    complete; the call is then written back closed, and run.
+3. A response cut at ``max_tokens`` ends the chat's episode, shown to the user; the training rollout
+   hands it to the environment as a malformed action and goes on (components/agent/loop.py).
 """
 
 from __future__ import annotations
