@@ -12,10 +12,12 @@ lambda = 1 and a zero critic: per response token as ``gae`` reads them (PPO), at
 prompt token as ``step_gae`` reads them (StepPO). One critic is fitted to both, so PPO and StepPO
 runs share it: the loss is the mean of the per-token and the per-step squared errors.
 
-:func:`fit_critic` takes random step rows per optimizer step (faster than whole trajectories on
-sokoban: benchmarks/critic_fit.py), measures the explained variance of both kinds of values on the
-held-out trajectories every ``eval_every`` steps, stops after ``patience`` measurements without a new
-best of their mean, and leaves the best weights in the engine.
+:func:`fit_critic` first sets the value head to the least-squares fit of the targets on the SFT
+backbone's features (:func:`probe_head`, a linear probe: a zero head needs tens of Adam steps just to
+reach the scale of the returns), then takes random step rows per optimizer step (faster than whole
+trajectories on sokoban: benchmarks/critic_fit.py) on every weight, measures the explained variance of
+both kinds of values on the held-out trajectories every ``eval_every`` steps, stops after ``patience``
+measurements without a new best of their mean, and leaves the best weights in the engine.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from torch import Tensor
 from components.device import model_device, to_device
 from components.train.advantage import compute_advantages
 from components.train.engine import train_step
-from components.train.policy import TokenBatch, critic_step_and_token_values, make_token_batch, pad_rows
+from components.train.policy import (
+    TokenBatch,
+    critic_features,
+    critic_step_and_token_values,
+    make_token_batch,
+    pad_rows,
+)
 from components.train.rl_update import trajectory_chunks
 
 
@@ -98,6 +106,42 @@ def held_out_explained_variance(
     return {"token": token, "step": step, "mean": (token + step) / 2}
 
 
+@torch.no_grad()
+def probe_head(
+    critic: torch.nn.Module, rows: Sequence[dict[str, Any]], *, pad_id: int, ridge: float = 1e-3
+) -> None:
+    """Set the value head (weight and bias) to the least-squares fit of the rows' targets on the
+    backbone's features as they are (a linear probe), weighting the per-token and the per-step targets
+    as the fit's loss does, with a ridge penalty ``ridge`` on the weights. A zero head moves by about
+    the learning rate per Adam step and needs tens of steps to reach returns of several units; the
+    probe starts the gradient fit where a linear read-out of the SFT model's features already explains
+    what it can."""
+    critic.eval()
+    feats_tok, feats_step, y_tok, y_step = [], [], [], []
+    for idx in trajectory_chunks(rows, 64):
+        t = _tensors([rows[i] for i in idx], pad_id)
+        h_step, h_tok = critic_features(critic, t.batch)
+        mask = t.batch.response_mask.bool()
+        feats_tok.append(h_tok.cpu()[mask])
+        y_tok.append(t.token_returns[mask])
+        feats_step.append(h_step.cpu())
+        y_step.append(t.step_returns)
+    x_tok, x_step = torch.cat(feats_tok).double(), torch.cat(feats_step).double()
+    y = torch.cat([torch.cat(y_tok), torch.cat(y_step)]).double()
+    x = torch.cat([x_tok, x_step])
+    x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # the bias
+    w = torch.cat(
+        [torch.full((len(x_tok),), 0.5 / len(x_tok)), torch.full((len(x_step),), 0.5 / len(x_step))]
+    )
+    xw = x * w.double().unsqueeze(1)
+    penalty = ridge * torch.eye(x.size(1), dtype=x.dtype)
+    penalty[-1, -1] = 0.0  # the bias is not penalised
+    coef = torch.linalg.solve(xw.T @ x + penalty, xw.T @ y)
+    head = critic.score
+    head.weight.copy_(coef[:-1].to(head.weight.dtype).view_as(head.weight))
+    head.bias.copy_(coef[-1:].to(head.bias.dtype))
+
+
 @dataclass(frozen=True)
 class FitSettings:
     batch_size: int  # step rows per optimizer step
@@ -152,6 +196,7 @@ def fit_critic(
         loss = 0.5 * (token_mse + step_mse)
         return loss, {"token_mse": token_mse.detach(), "step_mse": step_mse.detach()}
 
+    probe_head(critic, train_rows, pad_id=pad_id)  # (a zero head explains nothing: no need to measure it)
     first = measure(0, float("nan"))
     result = FitResult(0, first, [first])
     best_state = copy.deepcopy(critic.state_dict())

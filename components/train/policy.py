@@ -290,6 +290,16 @@ def critic_values(critic: torch.nn.Module, batch: TokenBatch, *, per_step: bool)
     return _values_at(critic, batch, batch.response_pos) * batch.response_mask
 
 
+def critic_features(critic: torch.nn.Module, batch: TokenBatch) -> tuple[Tensor, Tensor]:
+    """What the critic's value head reads: the backbone's final hidden states at each row's last prompt
+    token (B, H) and at its response positions (B, L, H), from one forward pass, fp32."""
+    batch = to_device(batch, model_device(critic))
+    backbone = getattr(critic, critic.base_model_prefix)
+    h = _hidden_at(backbone, batch, torch.cat([batch.value_pos.unsqueeze(-1), batch.response_pos], dim=1))
+    h = critic.dropout(h).float()
+    return h[:, 0], h[:, 1:]
+
+
 def critic_step_and_token_values(critic: torch.nn.Module, batch: TokenBatch) -> tuple[Tensor, Tensor]:
     """Both kinds of :func:`critic_values` from one forward pass: per step (B,) and per token (B, L)."""
     batch = to_device(batch, model_device(critic))

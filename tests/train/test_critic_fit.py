@@ -15,9 +15,11 @@ from components.train.critic_fit import (
     explained_variance,
     fit_critic,
     held_out_explained_variance,
+    probe_head,
     value_targets,
 )
 from components.train.engine import build_engine
+from components.train.policy import critic_features, make_token_batch, pad_rows
 
 
 def test_value_targets_by_hand():
@@ -93,10 +95,6 @@ def critic_engine(tmp_path, lr: float):
 def test_fit_learns_a_state_dependent_value(tmp_path):
     engine = critic_engine(tmp_path, lr=1e-2)
     held = episodes(20, seed=1)
-    start = held_out_explained_variance(engine.module, held, pad_id=0)
-    assert start["token"] == pytest.approx(0.0, abs=1e-6) and start["step"] == pytest.approx(
-        0.0, abs=1e-6
-    )  # zero head
     settings = FitSettings(batch_size=16, micro_batch_size=8, max_steps=60, eval_every=10, patience=3, seed=0)
     seen = []
     result = fit_critic(engine, episodes(40, seed=0), held, settings, pad_id=0, progress=seen.append)
@@ -105,6 +103,30 @@ def test_fit_learns_a_state_dependent_value(tmp_path):
     # the engine ends with the best weights: measuring again gives the best measurement
     again = held_out_explained_variance(engine.module, held, pad_id=0)
     assert again["mean"] == pytest.approx(result.best["ev"], abs=1e-6)
+
+
+def test_probe_head_is_the_least_squares_read_out_of_the_features(tmp_path):
+    """After probe_head the head minimises 0.5 (mean token error^2 + mean step error^2) + ridge |w|^2 on
+    the rows: the loss's gradient is 0 for the bias and -2 ridge w for the weights. On held-out
+    episodes it already explains most of a value that depends on a cue in the prompt."""
+    tiny_model().save_pretrained(tmp_path / "init")
+    critic = build_critic(tmp_path / "init").double()
+    rows, ridge = episodes(40, seed=0), 1e-3
+    probe_head(critic, rows, pad_id=0, ridge=ridge)
+    batch = make_token_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], 0)
+    with torch.no_grad():
+        h_step, h_tok = critic_features(critic, batch)
+    mask = batch.response_mask.bool()
+    r_tok = pad_rows([r["token_returns"] for r in rows], mask.size(1))[mask].double()
+    r_step = torch.tensor([r["step_return"] for r in rows], dtype=torch.float64)
+    head = critic.score
+    v_tok, v_step = head(h_tok.double()[mask]).squeeze(-1), head(h_step.double()).squeeze(-1)
+    loss = 0.5 * (((v_tok - r_tok) ** 2).mean() + ((v_step - r_step) ** 2).mean())
+    loss.backward()
+    assert head.bias.grad.abs().max() < 1e-8
+    assert torch.allclose(head.weight.grad, -2 * ridge * head.weight.detach(), atol=1e-8)
+    ev = held_out_explained_variance(critic.float(), episodes(20, seed=1), pad_id=0)
+    assert ev["step"] > 0.5 and ev["token"] > 0.5, ev
 
 
 def test_fit_stops_after_patience_measurements_without_a_new_best(tmp_path):
