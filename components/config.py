@@ -347,6 +347,9 @@ class CriticWarmupParams(Section):
     # Step rows per optimizer step, learning rate, and the most optimizer steps.
     batch_size: int = Field(128, ge=1)
     lr: float = Field(1e-3, gt=0, le=1)
+    # Optimizer steps of linear learning-rate warmup: the fit starts from the linear probe's head, which
+    # full-size first Adam steps on every weight would throw away.
+    lr_warmup_steps: int = Field(20, ge=0)
     max_steps: int = Field(400, ge=1)
     # Held-out explained variance is measured every eval_every steps; the fit stops after `patience`
     # measurements without a new best and keeps the best weights.

@@ -109,8 +109,8 @@ def fit(params: Params, steps: list[dict]) -> FitResult:
         grad_clip=t.grad_clip,
         micro_batch_size=t.micro_batch_size,
         grad_accum_steps=1,
-        warmup_steps=0,
-        total_steps=1,
+        warmup_steps=w.lr_warmup_steps,
+        total_steps=max(w.lr_warmup_steps, 1),
         lr_schedule="constant",
         eps=t.adam_eps,
     )
