@@ -7,7 +7,8 @@ are the grid as an (H, W) array of cell codes. Rewards are RAGEN's (after gym-so
 targets ``success_reward`` and the episode terminates. ``info`` has ``boxes_on_target``, ``moved`` and
 ``is_success``.
 
-The text codec shows the grid with RAGEN's symbols (``render`` in level.py), then (``offsets``, on by
+The text codec shows the grid with RAGEN's symbols (``render`` in level.py), after the line "Nothing
+moved." when the last move changed nothing (``blocked_note``, on by default), then (``offsets``, on by
 default) one line per unplaced box saying where it is from the player and where its nearest target is
 from it, and parses an action written
 as ``<action>up</action>`` (case-insensitive; up, down, left, right). Anything else is an invalid action:
@@ -84,7 +85,7 @@ class SokobanEnv(gym.Env):
         self.observation_space = gym.spaces.Box(
             0, PLAYER_ON_TARGET, (self.level.height, self.level.width), dtype=np.int8
         )
-        return self._obs(), self._info(moved=False)
+        return self._obs(), self._info(moved=False, stepped=False)
 
     def step(self, action: int):
         if self.level is None or self.state is None:
@@ -97,7 +98,7 @@ class SokobanEnv(gym.Env):
         success = after == len(self.state.boxes)
         if success:
             reward += self.success_reward
-        return self._obs(), reward, success, False, self._info(moved=moved)
+        return self._obs(), reward, success, False, self._info(moved=moved, stepped=True)
 
     def _obs(self) -> np.ndarray:
         assert self.level is not None and self.state is not None
@@ -112,12 +113,13 @@ class SokobanEnv(gym.Env):
         grid[r, c] = PLAYER_ON_TARGET if (r, c) in self.level.targets else PLAYER
         return grid
 
-    def _info(self, *, moved: bool) -> dict[str, Any]:
+    def _info(self, *, moved: bool, stepped: bool) -> dict[str, Any]:
         assert self.level is not None and self.state is not None
         on = len(self.state.boxes & self.level.targets)
         return {
             "boxes_on_target": on,
             "moved": moved,
+            "blocked": stepped and not moved,  # a move that changed nothing
             "is_success": on == len(self.state.boxes),
             "state_key": self.state.key(),
         }
@@ -141,19 +143,24 @@ def parse_action(text: str) -> int:
     return ACTIONS.index(name)
 
 
-def _render_obs(obs: Any, info: Mapping[str, Any], *, with_offsets: bool = True) -> str:
-    """The observation array as text, exactly as ``level.render`` draws the same state."""
+def _render_obs(
+    obs: Any, info: Mapping[str, Any], *, with_offsets: bool = True, blocked_note: bool = True
+) -> str:
+    """The observation array as text, exactly as ``level.render`` draws the same state (with its note
+    after a move that changed nothing, when ``blocked_note``)."""
     order = ("wall", "floor", "target", "box", "box_on_target", "player", "player_on_target")
     symbols = [SYMBOLS[name] for name in order]  # indexed by cell code
     rows = [[symbols[int(v)] for v in row] for row in np.asarray(obs)]
-    return draw(crop_walls(rows), with_offsets=with_offsets)
+    blocked = blocked_note and bool(info.get("blocked", False))
+    return draw(crop_walls(rows), with_offsets=with_offsets, blocked=blocked)
 
 
-def codec(*, with_offsets: bool = True) -> TextCodec:
-    """The text codec: the grid (and, with ``with_offsets``, the box/target offset lines) and
-    ``<action>...</action>`` replies; the state key is the grid state (player and boxes)."""
+def codec(*, with_offsets: bool = True, blocked_note: bool = True) -> TextCodec:
+    """The text codec: the grid (and, with ``with_offsets``, the box/target offset lines; with
+    ``blocked_note``, "Nothing moved." after a move that changed nothing) and ``<action>...</action>``
+    replies; the state key is the grid state (player and boxes)."""
     return TextCodec(
-        render=lambda obs, info: _render_obs(obs, info, with_offsets=with_offsets),
+        render=lambda obs, info: _render_obs(obs, info, with_offsets=with_offsets, blocked_note=blocked_note),
         parse=parse_action,
         state_key=lambda obs, info: info.get("state_key"),
         metrics=lambda obs, info: {
@@ -175,6 +182,7 @@ def make_env(
     box_on_target: float = 1.0,
     box_off_target: float = -1.0,
     success_reward: float = 10.0,
+    blocked_note: bool = True,
 ) -> GymTextEnv:
     """A fresh sokoban environment (``row`` and ``data_dir`` are accepted for the common factory
     signature; reset() takes the row). ``malformed_penalty`` (train.malformed_penalty, <= 0) is added to
@@ -187,13 +195,16 @@ def make_env(
         "success_reward": success_reward,
     }
     if data_dir is not None and (Path(data_dir) / ENV_FILE).is_file():
-        settings.update(json.loads((Path(data_dir) / ENV_FILE).read_text()))
+        saved = json.loads((Path(data_dir) / ENV_FILE).read_text())
+        settings.update(saved)
+        blocked_note = bool(saved.get("blocked_note", False))  # data prepared before the note: none
     invalid_penalty = float(settings.pop("invalid_penalty", 0.0))
     with_offsets = bool(settings.pop("offsets", True))
+    settings.pop("blocked_note", None)
     env = SokobanEnv(**settings)
     return GymTextEnv(
         env,
-        codec(with_offsets=with_offsets),
+        codec(with_offsets=with_offsets, blocked_note=blocked_note),
         SYSTEM_PROMPT,
         intro=lambda row, text: intro(text),
         reset_kwargs=lambda row: {"options": {"level": str(row["level"])}},

@@ -41,16 +41,17 @@ def action_message(action: str) -> dict[str, str]:
 
 
 def demonstration(
-    level: Level, state: State, moves: list[str], *, with_offsets: bool = True
+    level: Level, state: State, moves: list[str], *, with_offsets: bool = True, blocked_note: bool = True
 ) -> list[dict[str, str]]:
     """The messages after the first user prompt of playing ``moves``: each move, then the new grid
-    (none after the last move)."""
+    (none after the last move), with the environment's note after a move that changed nothing."""
     messages: list[dict[str, str]] = []
     for i, move in enumerate(moves):
         messages.append(action_message(move))
-        state, _ = apply(level, state, move)
+        state, moved = apply(level, state, move)
         if i < len(moves) - 1:
-            messages.append({"role": "user", "content": render(level, state, with_offsets=with_offsets)})
+            text = render(level, state, with_offsets=with_offsets, blocked=blocked_note and not moved)
+            messages.append({"role": "user", "content": text})
     return messages
 
 
@@ -118,7 +119,11 @@ def make_splits(
                             limit=p.max_moves + p.weak_extra_moves,
                         )
                         if moves is not None:
-                            weak.append(demonstration(level, start, moves, with_offsets=p.offsets))
+                            weak.append(
+                                demonstration(
+                                    level, start, moves, with_offsets=p.offsets, blocked_note=p.blocked_note
+                                )
+                            )
                             break
             rows.append(
                 {
@@ -127,7 +132,11 @@ def make_splits(
                     "answer": " ".join(solution),
                     "level": xsb,
                     "n_calls": len(solution),
-                    "expert": encode(demonstration(level, start, solution, with_offsets=p.offsets)),
+                    "expert": encode(
+                        demonstration(
+                            level, start, solution, with_offsets=p.offsets, blocked_note=p.blocked_note
+                        )
+                    ),
                     "weak": json.dumps(weak) if weak else None,
                     "split": split,
                 }

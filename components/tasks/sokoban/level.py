@@ -228,18 +228,23 @@ def offsets(rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def draw(rows: list[list[str]], *, with_offsets: bool = True) -> str:
-    """Grid rows (already cropped) as text: cells separated by spaces, one row per line, then the
-    :func:`offsets` lines when ``with_offsets``."""
+BLOCKED_NOTE = "Nothing moved."
+
+
+def draw(rows: list[list[str]], *, with_offsets: bool = True, blocked: bool = False) -> str:
+    """Grid rows (already cropped) as text: :data:`BLOCKED_NOTE` first when ``blocked`` (the last move
+    changed nothing), then the cells separated by spaces, one row per line, then the :func:`offsets`
+    lines when ``with_offsets``."""
     lines = [" ".join(row) for row in rows]
-    return "\n".join(lines + (offsets(rows) if with_offsets else []))
+    return "\n".join(([BLOCKED_NOTE] if blocked else []) + lines + (offsets(rows) if with_offsets else []))
 
 
-def render(level: Level, state: State, *, with_offsets: bool = True) -> str:
+def render(level: Level, state: State, *, with_offsets: bool = True, blocked: bool = False) -> str:
     """The grid as the model sees it: RAGEN's symbols, cells separated by spaces (one token each), one
     row per line, without the enclosing wall (beyond the drawn grid is wall); then, when
-    ``with_offsets``, one line per unplaced box (:func:`offsets`)."""
-    return draw(crop_walls(_cells(level, state, SYMBOLS)), with_offsets=with_offsets)
+    ``with_offsets``, one line per unplaced box (:func:`offsets`); ``blocked``: :func:`draw`'s note
+    first."""
+    return draw(crop_walls(_cells(level, state, SYMBOLS)), with_offsets=with_offsets, blocked=blocked)
 
 
 # --- generation ---------------------------------------------------------------------------------------
