@@ -16,20 +16,29 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI-* environments)
+from minigrid.envs.babyai.core import roomgrid_level
 
 from components.envs.gym_text import GymTextEnv, TextCodec
 from components.tasks.babyai.prompts import SYSTEM_PROMPT, intro
 from components.tasks.babyai.text import describe, parse_action
 
-__all__ = ["CODEC", "ENV_FILE", "WorldState", "make_env", "make_level", "state_key", "tools"]
+__all__ = [
+    "CODEC",
+    "ENV_FILE",
+    "WorldState",
+    "make_env",
+    "make_level",
+    "quiet_level_generation",
+    "state_key",
+    "tools",
+]
 
 # The settings prepare saves beside the task tables (from the tasks.babyai section).
 ENV_FILE = "env.json"
@@ -56,15 +65,32 @@ def state_key(env: gym.Env) -> str:
     return f"{x},{y},{int(u.agent_dir)}|{carrying}|{grid}|{_progress(u.instrs)}"
 
 
-class WorldState(gym.Wrapper):
-    """Adds ``state_key``, ``is_success`` and ``agent`` (x, y, direction) to minigrid's ``info``.
+@contextlib.contextmanager
+def quiet_level_generation() -> Iterator[None]:
+    """Silence the line minigrid's BabyAI level generator prints for each layout it rejects while
+    making a level ("Sampling rejected: unreachable object at (5, 1)", now and then several per level).
 
-    minigrid's level generator prints a line for each layout it rejects while making a level
-    ("Sampling rejected: unreachable object at (5, 1)", several per GoToLocal level); ``reset`` keeps
-    them out of the stage logs."""
+    It calls the builtin ``print``, which a Prefect flow with ``log_prints`` replaces by its run logger,
+    so redirecting stdout does not stop the lines reaching the stage logs: for the duration, the
+    generator's module gets a ``print`` of its own that drops them (restored on exit)."""
+    module = vars(roomgrid_level)
+    had, old = "print" in module, module.get("print")
+    module["print"] = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        if had:
+            module["print"] = old
+        else:
+            del module["print"]
+
+
+class WorldState(gym.Wrapper):
+    """Adds ``state_key``, ``is_success`` and ``agent`` (x, y, direction) to minigrid's ``info``;
+    ``reset`` makes the level without minigrid's rejected-layout lines (:func:`quiet_level_generation`)."""
 
     def reset(self, **kwargs):
-        with contextlib.redirect_stdout(io.StringIO()):
+        with quiet_level_generation():
             obs, info = self.env.reset(**kwargs)
         return obs, self._info(info, success=False)
 
