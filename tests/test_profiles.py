@@ -27,6 +27,13 @@ def test_shipped_sokoban_profile_is_valid_when_applied():
     assert p.compare.algorithms == ["grpo", "ppo", "steppo", "gigpo"] and len(p.compare.seeds) >= 3
 
 
+def test_shipped_babyai_profile_is_valid_when_applied():
+    p = load_params(REPO / "params.yaml", overrides=RAW["profiles"]["babyai"])
+    assert p.task == "babyai" and p.rollout.max_steps >= p.task_params.max_moves
+    assert p.rollout.context_window is not None  # the observation is the state: short prompts
+    assert p.compare.algorithms == ["grpo", "ppo", "steppo", "gigpo"] and len(p.compare.seeds) >= 3
+
+
 def test_unknown_profile_key_is_named_at_load():
     with pytest.raises(ConfigError, match=r"profiles\.x: 'rollout\.max_stepz' is not a params key"):
         parse_params(with_profiles({"x": {"rollout.max_stepz": 3}}))
