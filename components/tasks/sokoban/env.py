@@ -8,7 +8,7 @@ targets ``success_reward`` and the episode terminates. ``info`` has ``boxes_on_t
 ``is_success``.
 
 The text codec shows the grid with RAGEN's symbols (``render`` in level.py), after the line "Nothing
-moved." when the last move changed nothing (``blocked_note``, on by default), then (``offsets``, on by
+moved." when the last move changed nothing (``blocked_note``, off by default), then (``offsets``, on by
 default) one line per unplaced box saying where it is from the player and where its nearest target is
 from it, and parses an action written
 as ``<action>up</action>`` (case-insensitive; up, down, left, right). Anything else is an invalid action:
@@ -144,7 +144,7 @@ def parse_action(text: str) -> int:
 
 
 def _render_obs(
-    obs: Any, info: Mapping[str, Any], *, with_offsets: bool = True, blocked_note: bool = True
+    obs: Any, info: Mapping[str, Any], *, with_offsets: bool = True, blocked_note: bool = False
 ) -> str:
     """The observation array as text, exactly as ``level.render`` draws the same state (with its note
     after a move that changed nothing, when ``blocked_note``)."""
@@ -155,7 +155,7 @@ def _render_obs(
     return draw(crop_walls(rows), with_offsets=with_offsets, blocked=blocked)
 
 
-def codec(*, with_offsets: bool = True, blocked_note: bool = True) -> TextCodec:
+def codec(*, with_offsets: bool = True, blocked_note: bool = False) -> TextCodec:
     """The text codec: the grid (and, with ``with_offsets``, the box/target offset lines; with
     ``blocked_note``, "Nothing moved." after a move that changed nothing) and ``<action>...</action>``
     replies; the state key is the grid state (player and boxes)."""
@@ -182,7 +182,7 @@ def make_env(
     box_on_target: float = 1.0,
     box_off_target: float = -1.0,
     success_reward: float = 10.0,
-    blocked_note: bool = True,
+    blocked_note: bool = False,
 ) -> GymTextEnv:
     """A fresh sokoban environment (``row`` and ``data_dir`` are accepted for the common factory
     signature; reset() takes the row). ``malformed_penalty`` (train.malformed_penalty, <= 0) is added to

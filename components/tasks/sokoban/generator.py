@@ -41,7 +41,7 @@ def action_message(action: str) -> dict[str, str]:
 
 
 def demonstration(
-    level: Level, state: State, moves: list[str], *, with_offsets: bool = True, blocked_note: bool = True
+    level: Level, state: State, moves: list[str], *, with_offsets: bool = True, blocked_note: bool = False
 ) -> list[dict[str, str]]:
     """The messages after the first user prompt of playing ``moves``: each move, then the new grid
     (none after the last move), with the environment's note after a move that changed nothing."""

@@ -28,10 +28,9 @@ class SokobanParams(TaskParams):
     # offset from it ("box: down 1 right 2; target: up 2 from box"). Off = the grid alone (RAGEN).
     offsets: bool = True
     # After a move that changed nothing (into a wall, or a box that cannot move), the observation starts
-    # with the line "Nothing moved." (text games' "Nothing happens."). Off = an unchanged grid only, as
-    # RAGEN shows it: a policy that bumps into a wall then sees the very context it just answered, and a
-    # greedy one repeats the bump until the turns run out (the commonest failure on sokoban).
-    blocked_note: bool = True
+    # with the line "Nothing moved." (text games' "Nothing happens."). Off (the default) = an unchanged
+    # grid only, as RAGEN shows it.
+    blocked_note: bool = False
     # Weaker demonstrations beside the expert's (train split): a player who at each turn makes a random
     # move with probability weak_epsilon and otherwise a shortest-solution move; only its episodes that
     # end solved within max_moves + weak_extra_moves moves are kept. weak_per_question per level on

@@ -55,7 +55,7 @@ def test_invalid_action_is_feedback_without_a_move():
 def test_a_move_that_changes_nothing_says_so():
     """Into a wall (up from the top row) and a box pushed into a wall: the grid is unchanged and the
     observation starts with "Nothing moved."; the next real move has no note; reset has none."""
-    env = make_env()
+    env = make_env(blocked_note=True)
     first = env.reset(ROW)[-1]["content"]
     assert "Nothing moved." not in first
     out = env.step(act("up"))
@@ -69,7 +69,10 @@ def test_a_move_that_changes_nothing_says_so():
     assert env.step(act("right")).messages[0]["content"] == "Nothing moved.\n" + start
 
 
-def test_the_note_can_be_turned_off_and_old_data_has_none(tmp_path):
+def test_the_note_is_off_by_default_and_old_data_has_none(tmp_path):
+    env = make_env()
+    env.reset(ROW)
+    assert env.step(act("up")).messages[0]["content"] == "P X _ O\nbox: right 1; target: right 2 from box"
     for saved in ({"blocked_note": False}, {}):  # {}: an env.json written before the note existed
         (tmp_path / "env.json").write_text(json.dumps(saved))
         env = make_env(data_dir=tmp_path)
@@ -82,10 +85,10 @@ def test_demonstrations_carry_the_note_after_a_bump():
     from components.tasks.sokoban.level import parse_xsb
 
     level, start = parse_xsb(ROW["level"])
-    messages = demonstration(level, start, ["up", "right", "right"])
+    messages = demonstration(level, start, ["up", "right", "right"], blocked_note=True)
     assert [m["role"] for m in messages] == ["assistant", "user", "assistant", "user", "assistant"]
     assert messages[1]["content"].startswith("Nothing moved.\n") and "Nothing" not in messages[3]["content"]
-    plain = demonstration(level, start, ["up", "right", "right"], blocked_note=False)
+    plain = demonstration(level, start, ["up", "right", "right"])
     assert plain[1]["content"] == "P X _ O\nbox: right 1; target: right 2 from box"
 
 
