@@ -23,7 +23,13 @@ Departures from a plain ``deepspeed.init_distributed()``:
    device binds the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set). A world started by
    the ``deepspeed``/``torchrun`` launcher (several machines) uses its rendezvous as before: it binds
    what the user configures.
+3. DeepSpeed caches a clone of the world's group (``deepspeed.utils.groups._WORLD_GROUP``) the first
+   time an engine is built and never checks it again. When that world is destroyed (our launcher's
+   teardown, or an in-process vLLM engine's ``close``) and another one made, the clone names a group
+   of the dead world and the next ``deepspeed.initialize`` fails ("Group ... is not registered"), so
+   each call forgets a clone that is not registered in the current world.
 """
+
 
 from __future__ import annotations
 
@@ -115,6 +121,7 @@ def init_distributed() -> DistInfo:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         import deepspeed
 
+        _forget_groups_of_a_past_world()
         # Someone (us earlier, or the caller) already made the group; let DeepSpeed's comm wrap it.
         if not torch.cuda.is_available():
             _skip_shm_build_on_cpu()
@@ -145,8 +152,21 @@ def init_distributed() -> DistInfo:
     world = int(os.environ["WORLD_SIZE"])
     if world == 1 or os.environ.get(STORE_FILE_VAR):
         _init_local_world(backend, world)  # DeepSpeed then wraps this group instead of making its own
+    _forget_groups_of_a_past_world()
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
     return _info()
+
+
+def _forget_groups_of_a_past_world() -> None:
+    """Drop DeepSpeed's cached clone of the world group when it belongs to a world that is gone."""
+    groups = importlib.import_module("deepspeed.utils.groups")
+    clone = groups._WORLD_GROUP
+    if clone is None:
+        return
+    try:
+        torch.distributed.get_process_group_ranks(clone)
+    except (KeyError, ValueError, RuntimeError):  # not a group of this world
+        groups._WORLD_GROUP = None
 
 
 def _init_local_world(backend: str, world: int) -> None:

@@ -122,3 +122,27 @@ def test_share_threads_divides_this_process_threads_among_ranks(monkeypatch) -> 
     assert launch.share_threads(8) == 1  # never below one thread
     with pytest.raises(ValueError, match="world_size=0"):
         launch.share_threads(0)
+
+
+def _engine_after_a_new_world(rank: int, out: str) -> None:
+    from train_helpers import RL_ENGINE_KW, tiny_model
+
+    from components.train.distributed import init_distributed
+    from components.train.engine import build_engine
+
+    init_distributed()
+    build_engine(tiny_model(), dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)  # DeepSpeed clones this world's group
+    torch.distributed.destroy_process_group()  # as an in-process vLLM engine's close() does
+    init_distributed()  # a new world
+    engine = build_engine(tiny_model(), dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)
+    with open(out, "w") as f:
+        f.write(str(engine.dp_world_size))
+
+
+def test_an_engine_builds_in_a_new_world_after_the_old_one_is_destroyed(tmp_path) -> None:
+    """DeepSpeed's cached clone of a destroyed world's group is not used in the next world."""
+    from components.train.launch import run_local
+
+    out = tmp_path / "dp"
+    run_local(1, _engine_after_a_new_world, (str(out),))
+    assert out.read_text() == "1"
