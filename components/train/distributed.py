@@ -30,7 +30,6 @@ Departures from a plain ``deepspeed.init_distributed()``:
    each call forgets a clone that is not registered in the current world.
 """
 
-
 from __future__ import annotations
 
 import importlib

@@ -131,7 +131,9 @@ def _engine_after_a_new_world(rank: int, out: str) -> None:
     from components.train.engine import build_engine
 
     init_distributed()
-    build_engine(tiny_model(), dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)  # DeepSpeed clones this world's group
+    build_engine(
+        tiny_model(), dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW
+    )  # DeepSpeed clones this world's group
     torch.distributed.destroy_process_group()  # as an in-process vLLM engine's close() does
     init_distributed()  # a new world
     engine = build_engine(tiny_model(), dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)
