@@ -23,8 +23,9 @@ Departures from a plain ``deepspeed.init_distributed()``:
    in-process ``HashStore``, several local processes on a ``FileStore`` (torch's ``env://``
    rendezvous would start a TCPStore listening on every interface, ``*:MASTER_PORT``), and gloo's own
    device binds the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set). A world started by
-   the ``deepspeed``/``torchrun`` launcher (several machines) uses its rendezvous as before: it binds
-   what the user configures.
+   the ``deepspeed``/``torchrun`` launcher uses its rendezvous as before: it binds what the user
+   configures. steprl's own several-machine world meets on node 0's store, bound to the address
+   the user gives (components.train.nodes); gloo then binds ``lo`` when that address is loopback.
 """
 
 from __future__ import annotations

@@ -206,6 +206,8 @@ def node_world(
                     reporter.report("done", {})
                     return
             except (ProcessExitedException, ProcessRaisedException) as err:
+                if not reporter.check():  # the rank failed because rank 0 is gone (its collectives fail)
+                    raise NodeError(_gone(nodes, reporter.lost)) from None
                 rank = ranks.start + err.error_index
                 how = (
                     describe_exit(err.exit_code)
@@ -217,10 +219,12 @@ def node_world(
                 print(f"error: {failure}: stopping this node", file=sys.stderr, flush=True)
                 raise failure from None
             if not reporter.alive():
-                raise NodeError(
-                    f"node {nodes.rank}: node 0's store at {nodes.address} stopped answering "
-                    f"({reporter.lost}): rank 0 is gone; stopping this node's ranks"
-                )
+                raise NodeError(_gone(nodes, reporter.lost))
+    except BaseException as err:  # Ctrl-C here, or an error of this launcher: node 0 is told at once
+        if not isinstance(err, (RankFailed, NodeError)):
+            how = f"was stopped with its node ({type(err).__name__})"
+            reporter.report("failed", {"rank": ranks.start, "pid": os.getpid(), "how": how})
+        raise
     finally:
         reporter.close()
         for proc in ctx.processes:
@@ -231,6 +235,13 @@ def node_world(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+
+
+def _gone(nodes: Nodes, why: str | None) -> str:
+    return (
+        f"node {nodes.rank}: node 0's store at {nodes.address} stopped answering ({why}): "
+        "rank 0 is gone; stopping this node's ranks"
+    )
 
 
 def share_threads(world_size: int, nodes: Nodes | None = None) -> int:

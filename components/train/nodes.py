@@ -28,7 +28,6 @@ store calls fail (rank 0 gone) stops its ranks within :data:`HEARTBEAT_S` second
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import socket
@@ -134,13 +133,6 @@ class Nodes:
     @property
     def address(self) -> str:
         return f"{self.master_addr}:{self.master_port}"
-
-    @property
-    def loopback(self) -> bool:
-        try:
-            return ipaddress.ip_address(self.master_addr).is_loopback
-        except ValueError:
-            return self.master_addr == "localhost"
 
 
 # --- the store -----------------------------------------------------------------------------------
@@ -270,6 +262,16 @@ class NodeReporter:
             self._stop.wait(HEARTBEAT_S)
 
     def alive(self) -> bool:
+        """Whether node 0's store answered the last beat (``check``: ask it now)."""
+        return self.lost is None
+
+    def check(self) -> bool:
+        """Ask node 0's store now (a rank that failed may have failed because rank 0 is gone)."""
+        try:
+            with self._lock:
+                self._store.add(self._key("beat"), 0)
+        except Exception as err:  # the store's server (rank 0) is gone
+            self.lost = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
         return self.lost is None
 
     def report(self, what: str, value: Mapping[str, Any]) -> None:

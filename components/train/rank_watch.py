@@ -158,12 +158,12 @@ class RankWatch:
         if self.failure is not None:
             raise self.failure
 
-    def failure_behind(self, err: BaseException, wait_s: float = 2.0) -> RankFailed | None:
+    def failure_behind(self, err: BaseException) -> RankFailed | None:
         """The rank failure behind rank 0's exception ``err``, if there is one. A collective fails
         on rank 0 as soon as its peer's socket closes, maybe before the watch has seen the process
-        end: it is given ``wait_s`` seconds to see it."""
+        end: it is given 2 s to see it (5 s when ranks on other machines report through the store)."""
         if self.failure is None and not isinstance(err, KeyboardInterrupt):
-            self._joined.wait(wait_s)
+            self._joined.wait(2.0 if self._remote is None else 5.0)
         return self.failure
 
     def close(self) -> None:
