@@ -55,12 +55,12 @@ def world(model: str | None) -> None:
         if model:
             from transformers import AutoTokenizer
 
-            from components.rollout import SamplingConfig, make_engine
+            from components.rollout import EngineSettings, SamplingConfig
+            from components.rollout.factory import make_engine
 
             tok = AutoTokenizer.from_pretrained(model)
-            engine = make_engine(
-                "vllm", model, stop_token_ids=[tok.eos_token_id], max_model_len=512, seed=0, own_process=True
-            )
+            settings = EngineSettings("vllm", max_model_len=512, seed=0, own_process=True)
+            engine = make_engine(settings, model, stop_token_ids=[tok.eos_token_id])
             prompts = [tok.encode(f"what is {a} plus {a * 7}?") for a in range(32)]
         kids = psutil.Process().children()
         print(

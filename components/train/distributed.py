@@ -41,13 +41,11 @@ import torch
 
 from components.device import stage_device
 from components.dist_env import LAUNCHER_VARS as _LAUNCHER_VARS
-from components.dist_env import STORE_FILE_VAR
+from components.dist_env import STORE_FILE_VAR, TCP_STORE_VAR
 
 __all__ = ["STORE_FILE_VAR", "TCP_STORE_VAR", "DistInfo", "dp_rank_world", "free_port", "init_distributed"]
 
 
-# Set by components.train.launch on several machines: "host:port" of node 0's TCPStore.
-TCP_STORE_VAR = "STEPRL_TCP_STORE"
 # How long a rank waits for node 0's store and for the other ranks to join it.
 TCP_STORE_TIMEOUT_S = 600.0
 

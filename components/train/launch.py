@@ -39,8 +39,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessContext, ProcessExitedException, ProcessRaisedException
 
+from components.dist_env import STORE_FILE_VAR, TCP_STORE_VAR
 from components.process_tree import describe_exit, die_with_parent
-from components.train.distributed import STORE_FILE_VAR, TCP_STORE_VAR
 from components.train.nodes import (
     HEARTBEAT_S,
     NodeError,

@@ -38,16 +38,16 @@ def _follower(rank: int, scenario: str) -> None:
 def _engine(workdir: str):
     from components.model.tiny import save_hf
     from components.model.tokenizer import build_tokenizer
-    from components.rollout import make_engine
+    from components.rollout import EngineSettings
+    from components.rollout.factory import make_engine
     from tests.tiny_vllm_models import noisy_tiny_model
 
     corpus = [f"<|im_start|>user\nadd {a} and {a * 7}<|im_end|>\n" for a in range(300)]
     tok = build_tokenizer(corpus, vocab_size=400)
     model = noisy_tiny_model(tok, max_position_embeddings=256, scale=0.1).eval()
     path = save_hf(model, tok, f"{workdir}/m")
-    engine = make_engine(
-        "vllm", str(path), stop_token_ids=[tok.eos_token_id], max_model_len=256, seed=0, own_process=True
-    )
+    settings = EngineSettings("vllm", max_model_len=256, seed=0, own_process=True)
+    engine = make_engine(settings, str(path), stop_token_ids=[tok.eos_token_id])
     return engine, [tok.encode(f"add {a} and") for a in range(32)]
 
 
