@@ -47,12 +47,14 @@ from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
 from components.train.collapse import collapse_metrics
 from components.train.group_filter import fill_batch
-from components.train.launch import local_world, share_threads
+from components.train.launch import local_world, node_world, share_threads
+from components.train.nodes import Nodes
 from components.train.rank_mirror import Leader, follow
 from components.train.rl_session import RLSession, prune
 from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._gpu import check_gpu_memory
+from flows._nodes import stage_nodes, summary
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
@@ -325,12 +327,24 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
     sft_seed, params = params.seed, params.model_copy(update={"seed": rl_seed})
     name = CompareParams.run_name(algo, rl_seed)
     run = _prepare_run_dir(params, algo, name)
-    world = params.deepspeed.world_size
-    threads = share_threads(world)
+    world, nodes = params.deepspeed.world_size, stage_nodes(params)
+    threads = share_threads(world, nodes)
     if world > 1:
-        print(f"{name}: {world} data-parallel ranks on this machine, {threads} torch thread(s) each")
-    with local_world(world, _follower, (params, algo, threads)):  # this process is rank 0
+        print(
+            f"{name}: {world} data-parallel ranks on {nodes.count} machine(s), {threads} torch thread(s) each"
+        )
+    agreed = _summary(nodes, params, algo)
+    with local_world(world, _follower, (params, algo, threads), nodes=nodes, summary=agreed):  # rank 0
         return _run(params, algo, rl_seed, sft_seed, name, run)
+
+
+def _summary(nodes: Nodes, params: Params, algo: str) -> dict:
+    """What every machine of a multi-machine run must run with (flows._nodes); ``params.seed`` is
+    the RL seed here."""
+    inputs = {"models/sft": SFT, "train split": processed(params.task) / "train.parquet"}
+    if warm_critic() is not None:
+        inputs["models/critic"] = warm_critic()
+    return summary(nodes, "train", params, inputs, algo=algo)
 
 
 @contextlib.contextmanager
@@ -578,6 +592,18 @@ def main(params: str, algo: str, rl_seed: int) -> None:
         )
     critic = resolved(p, algo)["critic"] is not None
     check_gpu_memory(p, SFT, trained_models=1 + critic, reference=p.train.kl_coef > 0, rollout=True)
+    nodes = stage_nodes(p)
+    if nodes.rank > 0:  # another machine's ranks of node 0's run: no flow, no MLflow, no outputs
+        p = p.model_copy(update={"seed": rl_seed})
+        threads = share_threads(p.deepspeed.world_size, nodes)
+        node_world(
+            p.deepspeed.world_size,
+            _follower,
+            (p, algo, threads),
+            nodes=nodes,
+            summary=_summary(nodes, p, algo),
+        )
+        return
     train_flow(p, algo, rl_seed)
 
 

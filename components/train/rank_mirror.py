@@ -11,8 +11,8 @@ trains its share of every optimizer step (:func:`components.train.rl_update.acto
 else (rollout, validation, the log-probs and values the estimator reads) runs on rank 0 alone, which
 is why the trained engines must hold whole weights on every rank (ZeRO stages 0-2).
 
-A follower that fails stops taking calls; rank 0 notices at its next collective (gloo's timeout) or
-when :func:`components.train.launch.local_world` joins the ranks.
+A follower that fails stops taking calls; rank 0's watch (components.train.rank_watch) sees it end
+and stops the stage within seconds, whatever rank 0 is doing.
 """
 
 from __future__ import annotations

@@ -1,0 +1,185 @@
+"""Rank 0 watches the ranks it spawned: a rank that dies stops the stage within seconds.
+
+A data-parallel world's ranks meet only in collectives, so without a watch a rank that dies (killed,
+out of memory) is noticed by rank 0 at its next collective, which may come after a whole rollout or
+evaluation. :class:`RankWatch` joins the spawned ranks from a thread with torch.multiprocessing's
+own join (``ProcessContext.join``: on the first rank that exits with a non-zero code or a signal it
+stops the others, SIGTERM then SIGKILL, and says how the rank ended). Then, in this order:
+
+1. one line on stderr names the rank and how it ended
+   (``error: rank 1 of 2 (pid 4242) was killed by SIGKILL: stopping the stage``);
+2. :class:`WorldStopped` is raised in rank 0's thread that runs the world (CPython's
+   ``PyThreadState_SetAsyncExc``, as Prefect's own timeouts do), so the stage unwinds as from any
+   error: its Prefect run fails, its MLflow run ends, vLLM's process is shut down. A collective
+   that is running when the rank dies fails by itself (gloo: "Connection reset by peer") and gets
+   there first;
+3. if rank 0 has not left the world :data:`STOP_GRACE_S` seconds later (its thread blocked where no
+   exception can reach it), every process below rank 0 is stopped and rank 0 exits with code 1.
+
+So a rank's death ends the stage within ``STOP_GRACE_S`` (+ about 2 s for the join's SIGTERM /
+SIGKILL of the other ranks) whatever rank 0 was doing. ``remote`` (polled every ``poll_s``)
+reports the ranks of other machines (components.train.nodes). A rank that ends with code 0
+before the world does is not a failure (the SFT followers finish their last step and exit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from typing import Protocol
+
+from torch.multiprocessing import ProcessContext, ProcessExitedException, ProcessRaisedException
+
+from components.process_tree import describe_exit, stop_descendants
+
+__all__ = ["STOP_GRACE_S", "RankFailed", "RankWatch", "WorldStopped"]
+
+# Seconds rank 0 has to unwind after a rank's failure before it is stopped by force.
+STOP_GRACE_S = 20.0
+
+
+class RankFailed(RuntimeError):
+    """A rank of the world ended before the world did; the message names it and how it ended."""
+
+    def __init__(self, rank: int, world_size: int, pid: int | None, how: str, where: str = "") -> None:
+        self.rank, self.world_size, self.pid, self.how = rank, world_size, pid, how
+        pid_part = f"pid {pid}" if pid is not None else "pid unknown"
+        super().__init__(f"rank {rank} of {world_size} ({where}{pid_part}) {how}")
+
+
+class WorldStopped(RuntimeError):
+    """Raised in rank 0's thread when another rank failed (the line before it names the rank)."""
+
+    def __init__(self, msg: str = "another rank of this data-parallel world failed") -> None:
+        super().__init__(msg)
+
+
+def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
+    """Raise ``exc_type`` in thread ``thread_id`` at its next Python instruction (None: cancel)."""
+    arg = None if exc_type is None else ctypes.py_object(exc_type)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), arg)
+
+
+def _first_line(trace: str) -> str:
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "an exception"
+
+
+class RemoteRanks(Protocol):
+    """The ranks of other machines, as rank 0 sees them (components.train.nodes)."""
+
+    def failure(self) -> RankFailed | None: ...
+
+    def done(self) -> bool: ...
+
+
+class RankWatch:
+    """Joins the spawned ranks of ``ctx`` (ranks ``first_rank``, ``first_rank + 1``, ...) from a
+    thread; on a failure stops the thread that made the watch (rank 0's), as the module says."""
+
+    def __init__(
+        self,
+        ctx: ProcessContext,
+        *,
+        first_rank: int,
+        world_size: int,
+        grace_s: float | None = None,
+        poll_s: float = 0.2,
+        remote: RemoteRanks | None = None,
+    ) -> None:
+        self._ctx, self._first, self._world = ctx, first_rank, world_size
+        self._grace_s = STOP_GRACE_S if grace_s is None else grace_s
+        self._poll_s, self._remote = poll_s, remote
+        self._owner = threading.get_ident()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._joined = threading.Event()  # every spawned rank has ended (or the watch stopped)
+        self._left = threading.Event()  # rank 0 has left the world
+        self.failure: RankFailed | None = None
+        self._thread = threading.Thread(target=self._run, name="steprl-rank-watch", daemon=True)
+        self._thread.start()
+
+    # --- the watch thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        local_done = False
+        try:
+            while not self._closing:
+                if local_done:  # every local rank ended well: remote ranks are still watched
+                    self._left.wait(self._poll_s)
+                else:
+                    try:
+                        local_done = self._ctx.join(timeout=self._poll_s, grace_period=1.0)
+                    except (ProcessExitedException, ProcessRaisedException) as err:
+                        self._fail(self._describe(err))
+                        return
+                failed = self._remote.failure() if self._remote is not None else None
+                if failed is not None:
+                    self._fail(failed)
+                    return
+                if local_done and (self._remote is None or self._remote.done()):
+                    return
+        finally:
+            self._joined.set()
+
+    def _describe(self, err: ProcessExitedException | ProcessRaisedException) -> RankFailed:
+        rank = self._first + err.error_index
+        if isinstance(err, ProcessExitedException):
+            how = describe_exit(err.exit_code)
+        else:  # a Python exception in the rank: torch pickled its traceback
+            how = f"raised {_first_line(err.msg)}"
+        return RankFailed(rank, self._world, err.error_pid, how)
+
+    def _fail(self, failure: RankFailed) -> None:
+        with self._lock:
+            if self._closing:  # rank 0 is already leaving (its own error): it stopped the ranks
+                return
+            self.failure = failure
+            print(f"error: {failure}: stopping the stage", file=sys.stderr, flush=True)
+            _raise_in_thread(self._owner, WorldStopped)
+        if self._left.wait(self._grace_s):
+            return
+        print(
+            f"error: rank 0 did not stop within {self._grace_s:.0f} s of the failure of rank "
+            f"{failure.rank}: stopping its processes and exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop_descendants(grace_s=2.0)
+        os._exit(1)
+
+    # --- rank 0's side ---------------------------------------------------------------------------
+    def wait_for_ranks(self) -> None:
+        """Rank 0 is done: wait until the spawned ranks end; raise :class:`RankFailed` if one failed.
+        Waits in short steps, so that a failure's :class:`WorldStopped` can reach this thread."""
+        while not self._joined.wait(self._poll_s):
+            pass
+        if self.failure is not None:
+            raise self.failure
+
+    def failure_behind(self, err: BaseException) -> RankFailed | None:
+        """The rank failure behind rank 0's exception ``err``, if there is one. A collective fails
+        on rank 0 as soon as its peer's socket closes, maybe before the watch has seen the process
+        end: it is given 2 s to see it (5 s when ranks on other machines report through the store)."""
+        if self.failure is None and not isinstance(err, KeyboardInterrupt):
+            self._joined.wait(2.0 if self._remote is None else 5.0)
+        return self.failure
+
+    def close(self) -> None:
+        """Rank 0 leaves the world (normally or not): stop watching, stop the ranks still running
+        (SIGTERM, SIGKILL after 5 s), cancel a :class:`WorldStopped` not yet delivered."""
+        with self._lock:
+            self._closing = True
+            if self.failure is not None and threading.get_ident() == self._owner:
+                _raise_in_thread(self._owner, None)
+        self._left.set()
+        self._thread.join()  # within poll_s, or the ~2 s of a failed join's SIGTERM/SIGKILL
+        for proc in self._ctx.processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self._ctx.processes:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
