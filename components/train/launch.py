@@ -27,9 +27,9 @@ interpreters): ``fn`` and ``args`` must be picklable.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
-import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -54,6 +54,8 @@ from components.train.nodes import (
 from components.train.rank_watch import RankFailed, RankWatch
 
 __all__ = ["local_world", "node_world", "run_local", "share_threads"]
+
+log = logging.getLogger(__name__)
 
 
 def _rank_env(rank: int, local_rank: int, world_size: int, store: Mapping[str, str]) -> dict[str, str]:
@@ -131,10 +133,9 @@ def _store(world_size: int, nodes: Nodes, summary: Mapping[str, Any] | None) -> 
         return
     store = host_store(nodes)
     try:
-        print(
+        log.info(
             f"node 0 of {nodes.count}: waiting for the other nodes on {nodes.address} "
-            f"(up to {nodes.timeout_s:.0f} s)",
-            flush=True,
+            f"(up to {nodes.timeout_s:.0f} s)"
         )
         agree(store, nodes, summary or {})
         yield _tcp_env(nodes)
@@ -194,7 +195,7 @@ def node_world(
     if nodes.rank == 0:
         raise NodeError("node_world runs the ranks of nodes 1 ..: node 0 runs the stage (local_world)")
     store = join_store(nodes)
-    print(f"node {nodes.rank} of {nodes.count}: joining node 0 at {nodes.address}", flush=True)
+    log.info(f"node {nodes.rank} of {nodes.count}: joining node 0 at {nodes.address}")
     agree(store, nodes, summary)
     del store
     reporter = NodeReporter(nodes)
@@ -216,7 +217,7 @@ def node_world(
                 )
                 reporter.report("failed", {"rank": rank, "pid": err.error_pid, "how": how})
                 failure = RankFailed(rank, world_size, err.error_pid, how, where=f"node {nodes.rank}, ")
-                print(f"error: {failure}: stopping this node", file=sys.stderr, flush=True)
+                log.error(f"error: {failure}: stopping this node")
                 raise failure from None
             if not reporter.alive():
                 raise NodeError(_gone(nodes, reporter.lost))

@@ -25,8 +25,8 @@ before the world does is not a failure (the SFT followers finish their last step
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
-import sys
 import threading
 from typing import Protocol
 
@@ -35,6 +35,8 @@ from torch.multiprocessing import ProcessContext, ProcessExitedException, Proces
 from components.process_tree import describe_exit, stop_descendants
 
 __all__ = ["STOP_GRACE_S", "RankFailed", "RankWatch", "WorldStopped"]
+
+log = logging.getLogger(__name__)
 
 # Seconds rank 0 has to unwind after a rank's failure before it is stopped by force.
 STOP_GRACE_S = 20.0
@@ -136,15 +138,13 @@ class RankWatch:
             if self._closing:  # rank 0 is already leaving (its own error): it stopped the ranks
                 return
             self.failure = failure
-            print(f"error: {failure}: stopping the stage", file=sys.stderr, flush=True)
+            log.error(f"error: {failure}: stopping the stage")
             _raise_in_thread(self._owner, WorldStopped)
         if self._left.wait(self._grace_s):
             return
-        print(
+        log.error(
             f"error: rank 0 did not stop within {self._grace_s:.0f} s of the failure of rank "
-            f"{failure.rank}: stopping its processes and exiting",
-            file=sys.stderr,
-            flush=True,
+            f"{failure.rank}: stopping its processes and exiting"
         )
         stop_descendants(grace_s=2.0)
         os._exit(1)

@@ -43,6 +43,7 @@ SETTINGS = {
         "iterations": 3,
         "trajectories_per_iteration": 16,
         "ppo_epochs": 4,  # an update long enough to be caught in
+        "old_logprobs": "recompute",  # several steps per iteration: the old policy's own forward
         "mini_batch_size": 48,
         "micro_batch_size": 2,
         "val_samples": 4,
