@@ -91,8 +91,12 @@ def server_env(settings: EngineSettings, base: Mapping[str, str] | None = None) 
         "VLLM_ENABLE_V1_MULTIPROCESSING", None
     )  # the in-process rollout engine's setting, not the server's
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
-    if iomp.is_file() and "libiomp5" not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
+    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
+    if iomp.is_file() and not any("libiomp5" in p for p in preload):
+        # One OpenMP runtime: vLLM's CPU executor refuses libiomp and libgomp preloaded together, and
+        # an in-process vLLM engine earlier in this process put torch's libgomp in os.environ.
+        preload = [str(iomp)] + [p for p in preload if "libgomp" not in Path(p).name]
+        env["LD_PRELOAD"] = ":".join(preload)
     return env
 
 

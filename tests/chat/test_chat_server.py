@@ -47,6 +47,17 @@ def test_the_server_environment_sets_the_kv_cache_and_drops_the_in_process_switc
     assert env["X"] == "y"
 
 
+def test_the_server_environment_preloads_one_openmp_runtime(monkeypatch, tmp_path):
+    """libiomp5 replaces a libgomp an in-process vLLM engine put in LD_PRELOAD (vLLM refuses both)."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    base = {"LD_PRELOAD": "/v/libs/libtcmalloc_minimal.so.4:/v/torch.libs/libgomp-a34b3233.so.1"}
+    preload = server_env(EngineSettings(), base)["LD_PRELOAD"].split(":")
+    assert preload == [str(tmp_path / "lib" / "libiomp5.so"), "/v/libs/libtcmalloc_minimal.so.4"]
+    assert server_env(EngineSettings(), {})["LD_PRELOAD"] == str(tmp_path / "lib" / "libiomp5.so")
+
+
 def test_a_server_that_exits_while_starting_names_its_log(tmp_path):
     argv = [sys.executable, "-c", "print('no such model'); raise SystemExit(3)"]
     server = VLLMServer(argv, port=free_port(), timeout=30, log_path=tmp_path / "log")

@@ -197,14 +197,18 @@ def test_second_repro_reruns_nothing(repro):
 
 def test_sft_param_change_reruns_only_sft_and_after(repro):
     ws, _ = repro
-    params = yaml.safe_load((ws / "params.yaml").read_text())
+    original = (ws / "params.yaml").read_text()
+    params = yaml.safe_load(original)
     params["sft"]["lr"] = 0.002
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    # What would run, without running it: the changed stage, then (as its outputs will change) everything
-    # downstream of it -- and nothing upstream.
-    out = run(["dvc", "repro", "--dry", "--force-downstream"], ws).stdout
-    ran = set(re.findall(r"Running stage '([^']+)'", out))
-    downstream = {f"train@{a}-{s}" for a in ALGOS for s in SEEDS}
-    assert ran == {"sft", "critic_warmup", "evaluate_sft", "compare"} | downstream, out
-    direct = set(re.findall(r"Running stage '([^']+)'", run(["dvc", "repro", "--dry"], ws).stdout))
-    assert direct == {"sft"}, direct
+    try:
+        # What would run, without running it: the changed stage, then (as its outputs will change)
+        # everything downstream of it -- and nothing upstream.
+        out = run(["dvc", "repro", "--dry", "--force-downstream"], ws).stdout
+        ran = set(re.findall(r"Running stage '([^']+)'", out))
+        downstream = {f"train@{a}-{s}" for a in ALGOS for s in SEEDS}
+        assert ran == {"sft", "critic_warmup", "evaluate_sft", "compare"} | downstream, out
+        direct = set(re.findall(r"Running stage '([^']+)'", run(["dvc", "repro", "--dry"], ws).stdout))
+        assert direct == {"sft"}, direct
+    finally:  # the module's other tests (in any order) see the workspace dvc repro left
+        (ws / "params.yaml").write_text(original)
