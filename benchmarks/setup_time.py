@@ -38,7 +38,16 @@ def _install(tool: str, bin_dir: Path, lock: Path, cache: Path, uv: Path | None)
     else:
         env["UV_CACHE_DIR"] = str(cache)
         uv_pip = ROOT / "requirements" / "uv_pip.py"
-        cmd = [str(bin_dir / "python"), str(uv_pip), str(uv), "install", "--quiet", "--no-deps", "-r", str(lock)]
+        cmd = [
+            str(bin_dir / "python"),
+            str(uv_pip),
+            str(uv),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "-r",
+            str(lock),
+        ]
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
 
 
