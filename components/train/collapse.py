@@ -97,6 +97,8 @@ def read_trend(series: dict[str, Sequence[float]], window: int | None = None) ->
     fell = {name: t for name, t in signs.items() if t is not None and t.fell}
     if not fell:
         shown = ", ".join(f"{n} {t}" for n, t in signs.items() if t is not None)
+        if not shown:
+            return "too few iterations to read (at least 2)"
         return f"no sign of collapse ({shown})"
     what = ", ".join(f"{n} fell {t}" for n, t in fell.items())
     if success is not None and success.last < success.first:

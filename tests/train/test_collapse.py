@@ -78,3 +78,5 @@ def test_read_trend_tells_collapse_from_convergence():
         "success": [0.5, 0.5, 0.6, 0.6],
     }
     assert read_trend(steady).startswith("no sign of collapse (reward std 4 -> 3.5, entropy 0.2 -> 0.19")
+    one = {"reward_std": [4.0], "entropy": [0.2], "success": [0.5]}
+    assert read_trend(one) == "too few iterations to read (at least 2)"
