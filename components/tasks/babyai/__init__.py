@@ -17,17 +17,11 @@ from components.tasks.babyai.params import BabyAIParams
 from components.tasks.babyai.prompts import SYSTEM_PROMPT, intro
 from components.tasks.babyai.text import ACTIONS, action_text, describe, parse_action
 from components.tasks.demonstrations import demonstrations, expert_messages
+from components.tasks.prompts import question_messages
 from components.tasks.recipe import TaskRecipe
 
-
-def initial_messages(row):
-    """``[system, user]``: the system prompt and the first observation (a row's ``question``)."""
-    if "question" not in row:
-        raise KeyError(f"task row has no 'question' column (columns: {sorted(row)})")
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": intro(str(row["question"]))},
-    ]
+# [system, user]: the system prompt and the first observation (a row's question)
+initial_messages = question_messages(SYSTEM_PROMPT, intro)
 
 
 RECIPE = register_task(

@@ -13,34 +13,23 @@ Reads step records; the environment writes each step's numbers as JSON into ``ta
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from components.tasks.step_records import by_trajectory, step_numbers
 
 __all__ = ["episode_metrics"]
 
 
-def _invalid(step: Mapping[str, Any]) -> float:
-    raw = step.get("task_metrics")
-    if not raw:
-        return 0.0
-    numbers = json.loads(raw) if isinstance(raw, str) else dict(raw)
-    return float(numbers.get("invalid_action", 0.0))
-
-
 def episode_metrics(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    by_traj: dict[str, list[Mapping[str, Any]]] = {}
-    for i, s in enumerate(steps):
-        if "traj_id" not in s or "step" not in s:
-            raise ValueError(f"step record {i} has no 'traj_id' or 'step' (keys: {sorted(s)})")
-        by_traj.setdefault(str(s["traj_id"]), []).append(s)
+    by_traj = by_trajectory(steps, ("traj_id", "step"))
     n = max(len(by_traj), 1)
     solved, turns_solved, invalid, turns, ret = 0, 0, 0.0, 0, 0.0
     for traj in by_traj.values():
         success = any(bool(s.get("correct")) for s in traj)
         solved += success
         turns_solved += len(traj) if success else 0
-        invalid += sum(_invalid(s) for s in traj)
+        invalid += sum(float(step_numbers(s).get("invalid_action", 0.0)) for s in traj)
         turns += len(traj)
         ret += sum(float(s.get("reward", 0.0)) for s in traj)
     return {

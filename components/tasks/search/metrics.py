@@ -12,31 +12,13 @@ and counts as EM 0, F1 0, with its searches counted from ``n_valid_calls`` and n
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from components.tasks.step_records import by_trajectory, final_numbers
+
 __all__ = ["by_trajectory", "episode_metrics", "final_numbers"]
-
-
-def by_trajectory(steps: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Step records grouped by ``traj_id``, in their order; ValueError naming a record without one."""
-    by_traj: dict[str, list[Mapping[str, Any]]] = {}
-    for i, s in enumerate(steps):
-        if "traj_id" not in s:
-            raise ValueError(f"step record {i} has no 'traj_id' (keys: {sorted(s)})")
-        by_traj.setdefault(str(s["traj_id"]), []).append(s)
-    return by_traj
-
-
-def final_numbers(traj: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The ``task_metrics`` of the trajectory's last step that has them ({} if none)."""
-    for s in reversed(traj):
-        raw = s.get("task_metrics")
-        if raw:
-            return json.loads(raw) if isinstance(raw, str) else dict(raw)
-    return {}
 
 
 def episode_metrics(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.tasks.search.metrics import by_trajectory, final_numbers
 from components.tasks.search_calc.env import TOOLS
+from components.tasks.step_records import by_trajectory, final_numbers
 
 __all__ = ["episode_metrics"]
 
