@@ -40,7 +40,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessContext, ProcessExitedException, ProcessRaisedException
 
 from components.dist_env import STORE_FILE_VAR, TCP_STORE_VAR
-from components.process_tree import describe_exit, die_with_parent
+from components.process_tree import die_with_parent
 from components.train.nodes import (
     HEARTBEAT_S,
     NodeError,
@@ -51,7 +51,7 @@ from components.train.nodes import (
     host_store,
     join_store,
 )
-from components.train.rank_watch import RankFailed, RankWatch
+from components.train.rank_watch import RankFailed, RankWatch, how_it_ended
 
 __all__ = ["local_world", "node_world", "run_local", "share_threads"]
 
@@ -210,11 +210,7 @@ def node_world(
                 if not reporter.check():  # the rank failed because rank 0 is gone (its collectives fail)
                     raise NodeError(_gone(nodes, reporter.lost)) from None
                 rank = ranks.start + err.error_index
-                how = (
-                    describe_exit(err.exit_code)
-                    if isinstance(err, ProcessExitedException)
-                    else f"raised {err.msg.strip().splitlines()[-1][:300]}"
-                )
+                how = how_it_ended(err)
                 reporter.report("failed", {"rank": rank, "pid": err.error_pid, "how": how})
                 failure = RankFailed(rank, world_size, err.error_pid, how, where=f"node {nodes.rank}, ")
                 log.error(f"error: {failure}: stopping this node")

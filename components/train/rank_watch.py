@@ -34,7 +34,7 @@ from torch.multiprocessing import ProcessContext, ProcessExitedException, Proces
 
 from components.process_tree import describe_exit, stop_descendants
 
-__all__ = ["STOP_GRACE_S", "RankFailed", "RankWatch", "WorldStopped"]
+__all__ = ["STOP_GRACE_S", "RankFailed", "RankWatch", "WorldStopped", "how_it_ended"]
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,13 @@ def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> No
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), arg)
 
 
-def _first_line(trace: str) -> str:
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "an exception"
+def how_it_ended(err: ProcessExitedException | ProcessRaisedException) -> str:
+    """How a spawned rank ended, for the line naming it: its exit (signal or code), or the last line
+    of the exception torch pickled from it (at most 300 characters)."""
+    if isinstance(err, ProcessExitedException):
+        return describe_exit(err.exit_code)
+    lines = [line.strip() for line in err.msg.strip().splitlines() if line.strip()]
+    return f"raised {lines[-1][:300] if lines else 'an exception'}"
 
 
 class RemoteRanks(Protocol):
@@ -126,12 +130,7 @@ class RankWatch:
             self._joined.set()
 
     def _describe(self, err: ProcessExitedException | ProcessRaisedException) -> RankFailed:
-        rank = self._first + err.error_index
-        if isinstance(err, ProcessExitedException):
-            how = describe_exit(err.exit_code)
-        else:  # a Python exception in the rank: torch pickled its traceback
-            how = f"raised {_first_line(err.msg)}"
-        return RankFailed(rank, self._world, err.error_pid, how)
+        return RankFailed(self._first + err.error_index, self._world, err.error_pid, how_it_ended(err))
 
     def _fail(self, failure: RankFailed) -> None:
         with self._lock:
