@@ -193,14 +193,14 @@ def make_env(
         "box_on_target": box_on_target,
         "box_off_target": box_off_target,
         "success_reward": success_reward,
+        "blocked_note": blocked_note,
     }
     if data_dir is not None and (Path(data_dir) / ENV_FILE).is_file():
         saved = json.loads((Path(data_dir) / ENV_FILE).read_text())
-        settings.update(saved)
-        blocked_note = bool(saved.get("blocked_note", False))  # data prepared before the note: none
+        settings.update({"blocked_note": False, **saved})  # data prepared before the note: none
     invalid_penalty = float(settings.pop("invalid_penalty", 0.0))
     with_offsets = bool(settings.pop("offsets", True))
-    settings.pop("blocked_note", None)
+    blocked_note = bool(settings.pop("blocked_note"))
     env = SokobanEnv(**settings)
     return GymTextEnv(
         env,
