@@ -75,7 +75,7 @@ test-all: setup
 gpu-smoke: setup
 	python benchmarks/gpu_smoke.py $(if $(MODEL),--model $(MODEL))
 
-# Talk to a trained agent (README "Talk to a trained agent"): MODEL=<run name or checkpoint dir>,
+# Talk to a trained agent (docs/chat.md): MODEL=<run name or checkpoint dir>,
 # e.g. `make chat MODEL=grpo-s0`; it serves the checkpoint with vLLM on 127.0.0.1 until you quit.
 MODEL ?= grpo-s0
 chat: setup
@@ -101,7 +101,7 @@ serve: setup
 	python -m flows.serve start --prefect-port $(PREFECT_PORT) --mlflow-port $(MLFLOW_PORT) \
 	  $(if $(CRON),--cron "$(CRON)") $(if $(INTERVAL),--interval $(INTERVAL)) $(if $(POOL),--pool $(POOL))
 
-# --- Runs on other machines (README "Scaling out"): a work pool, workers, a DVC remote ---
+# --- Runs on other machines (docs/scale-out.md): a work pool, workers, a DVC remote ---
 # POOL (no default; e.g. POOL=steprl): the Prefect work pool (process type) of `make serve POOL=...`,
 # `make deploy` and `make worker`. Without it `make serve` is as before and deploy/worker stop.
 NEED_POOL = $(if $(POOL),,$(error POOL is not set: name the work pool, e.g. make $@ POOL=steprl))
@@ -116,7 +116,7 @@ PUSH ?= origin
 # (it shares no disk with the server); 0 on the server's own machine.
 SERVED_ARTIFACTS ?= 1
 # DVC_REMOTE: where `make remote` points this clone's default DVC remote (a directory; or an
-# S3-compatible URL, see the README); default: steprl-dvc-remote next to this clone.
+# S3-compatible URL, see docs/scale-out.md); default: steprl-dvc-remote next to this clone.
 DVC_REMOTE ?= $(abspath $(CURDIR)/../steprl-dvc-remote)
 
 # Register (or update) pipeline/on-$(POOL) on work pool $(POOL) (created if missing) on the Prefect

@@ -1,5 +1,5 @@
 """DVC experiments from code: a run's `-S` overrides, checked before anything runs, and one
-`dvc exp run` that never touches the user's workspace (README: "What a run starts from")."""
+`dvc exp run` that never touches the user's workspace (docs/service.md, "What a run starts from")."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ PARAM_KEYS = {
 }
 RUNS_DIR = Path(".dvc") / "tmp" / "steprl-runs"
 # The git remote a run pushes its experiment to (`dvc exp push`, outputs to the DVC default remote);
-# unset or empty: no push. `make worker` sets it (PUSH=origin). README: "Scaling out".
+# unset or empty: no push. `make worker` sets it (PUSH=origin). See docs/scale-out.md.
 PUSH_ENV = "STEPRL_PUSH"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 

@@ -11,7 +11,7 @@ trajectories. Not a pipeline stage: no Prefect flow, no MLflow run.
 The task is ``--task``, else params.yaml's ``task`` (checkpoints do not record the task they were
 trained on). Bad input (a model directory that is not a checkpoint, an unknown task, missing task
 data, a bad questions file, a port in use, a server that does not answer) is one ``error:`` line and
-exit code 2. README: "Talk to a trained agent".
+exit code 2. See docs/chat.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The deployments of flow `pipeline`: served from this process, or on a Prefect work pool for workers on
-other machines (README: "Scaling out").
+other machines (docs/scale-out.md).
 
     python -m flows.pool serve                     # pipeline/steprl (the Procfile of `make serve`)
     python -m flows.pool deploy --pool steprl      # make deploy POOL=steprl (make serve POOL=... runs it)

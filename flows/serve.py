@@ -1,7 +1,7 @@
 """`make serve`: the Procfile's Prefect server, `pipeline` deployment and MLflow server, under honcho.
 
 `start` (make serve) runs them on 127.0.0.1 until Ctrl-C; `status` (make status): the URLs and whether
-each answers; `env`: `export` lines for a shell's own runs. README: "Run it as a service".
+each answers; `env`: `export` lines for a shell's own runs. See docs/service.md.
 """
 
 from __future__ import annotations

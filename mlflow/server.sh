@@ -5,7 +5,7 @@
 # Artifacts are also served (--serve-artifacts: clients upload/download them over HTTP). With
 # STEPRL_MLFLOW_SERVE_ARTIFACTS=1 (make serve POOL=...) the experiments created through the server get
 # the root mlflow-artifacts:/ instead, i.e. the same directory reached only through the server: what
-# workers without a shared disk need (README "Scaling out"; mlflow/README.md).
+# workers without a shared disk need (docs/scale-out.md; mlflow/README.md).
 # Bound to 127.0.0.1 unless STEPRL_MLFLOW_HOST says otherwise; port STEPRL_MLFLOW_PORT (default 5000).
 # `make serve` (python -m flows.serve start) runs this next to the Prefect server; run it alone with
 #   .venv/bin/activate && mlflow/server.sh        Extra arguments go to `mlflow server`.

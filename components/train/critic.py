@@ -3,7 +3,7 @@
 Built with transformers' token-classification class for the architecture (``num_labels=1``), its
 backbone initialised from the SFT checkpoint and the head from zero, so that the first values are 0 for
 every state (verl keeps transformers' random head; on sokoban the random head was the slower of the two
-to make the values depend on the state: benchmarks/critic_fit.py, README "The sokoban task"). Saved and
+to make the values depend on the state: benchmarks/critic_fit.py, docs/tasks/sokoban.md). Saved and
 loaded in HF format like any checkpoint.
 """
 

@@ -1,7 +1,7 @@
 """Fit a critic to the returns of a fixed policy's episodes, before RL starts from it.
 
 A critic that starts with a zero value head needs tens of optimizer steps before its values depend on
-the state (README "The sokoban task"); until then PPO's and StepPO's advantages are whitened returns
+the state (docs/tasks/sokoban.md); until then PPO's and StepPO's advantages are whitened returns
 and their step-level credit is not exercised. VC-PPO pretrains the value model before PPO, verl and
 Agent-R1 give the critic warm-up iterations with the actor frozen. Here the warm-up is paid once: the
 SFT policy's episodes are rolled out once, the critic is fitted to their returns, and every

@@ -1,4 +1,4 @@
-"""The work-pool path of README "Scaling out", without servers: the pool deployment's definition, the
+"""The work-pool path of docs/scale-out.md, without servers: the pool deployment's definition, the
 experiment push (only when STEPRL_PUSH names a git remote and a DVC remote is set), the MLflow
 server's artifact arguments, the served-artifacts check, and what `make worker` / `make serve POOL=`
 run. The real thing (server, worker, push, pull) is tests/flows/test_pipeline_pool_e2e.py (slow)."""

@@ -1,4 +1,4 @@
-"""End to end, in throwaway clones of a bare git origin, as the README's "Scaling out" says: the server
+"""End to end, in throwaway clones of a bare git origin, as docs/scale-out.md says: the server
 clone runs `python -m flows.serve start --pool <pool>` (what `make serve POOL=...` runs); a worker clone
 points its default DVC remote at a local directory (`make remote`) and runs `make worker`; a run
 submitted to the pool deployment runs in the worker's clone, pushes its experiment (git ref to the

@@ -1,4 +1,4 @@
-"""A sweep from the README, end to end on a tiny config: two experiments queued with DVC's own queue
+"""A sweep from docs/sweeps.md, end to end on a tiny config: two experiments queued with DVC's own queue
 (a comma-separated -S), run with `flows.repro -- dvc exp run --run-all` (real Prefect, vLLM, DeepSpeed,
 MLflow), then `flows.sweep` lists them from MLflow. Slow (two pipelines): `pytest -m slow`."""
 
