@@ -3,7 +3,7 @@
 ``Sandbox(SandboxLimits(...)).run(code) -> SandboxResult``; the server is ``server.py``.
 """
 
-from components.sandbox.client import Sandbox, SandboxResult, SandboxUnavailable
+from components.sandbox.client import Sandbox, SandboxResult, SandboxUnavailable, shared_sandbox
 from components.sandbox.limits import PROTECTIONS, SandboxLimits
 
-__all__ = ["PROTECTIONS", "Sandbox", "SandboxLimits", "SandboxResult", "SandboxUnavailable"]
+__all__ = ["PROTECTIONS", "Sandbox", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "shared_sandbox"]

@@ -11,6 +11,7 @@ a ``sandbox`` status and is started again on the next call.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import json
@@ -29,7 +30,7 @@ import pyseccomp
 
 from components.sandbox.limits import PROTECTIONS, SandboxLimits
 
-__all__ = ["Sandbox", "SandboxResult", "SandboxUnavailable"]
+__all__ = ["Sandbox", "SandboxResult", "SandboxUnavailable", "shared_sandbox"]
 
 log = logging.getLogger(__name__)
 _SERVER = Path(__file__).with_name("server.py")
@@ -51,7 +52,7 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class SandboxResult:
     """What one call did. ``status``: ok | error (an exception or a non-zero exit) | wall_time |
-    cpu_time | output (more than ``output_bytes``) | file_size | killed (by a signal) | setup |
+    cpu_time | output (more than ``output_bytes``) | killed (by a signal) | setup |
     sandbox (the server failed)."""
 
     status: str
@@ -197,8 +198,12 @@ class Sandbox:
         return future
 
     def run(self, code: str) -> SandboxResult:
-        """Run ``code`` in a fresh confined child and wait for what it did."""
-        return self.submit(code).result()
+        """Run ``code`` in a fresh confined child and wait for what it did (sent once more to a
+        restarted server when the server was gone)."""
+        result = self.submit(code).result()
+        if result.status == "sandbox":
+            result = self.submit(code).result()
+        return result
 
     def close(self) -> None:
         """Stop the server: it kills the calls still running and removes its scratch directories."""
@@ -219,6 +224,23 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_SHARED: dict[tuple, Sandbox] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_sandbox(limits: SandboxLimits, *, workers: int = 4, allow_weaker: bool = False) -> Sandbox:
+    """The process's one started sandbox for these settings (started on first use, closed at exit):
+    every environment of a stage sends its calls to the same warm server."""
+    key = (limits, workers, allow_weaker)
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            sandbox = Sandbox(limits, workers=workers, allow_weaker=allow_weaker)
+            sandbox.start()
+            _SHARED[key] = sandbox
+            atexit.register(sandbox.close)
+        return _SHARED[key]
 
 
 def _read_frame(stream) -> dict | None:

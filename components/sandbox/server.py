@@ -76,6 +76,7 @@ _REFUSED = (
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
+_PR_SET_CHILD_SUBREAPER = 36
 _SECCOMP_MODE_FILTER = 2
 
 
@@ -244,7 +245,7 @@ _SLOT_UID_PROBE = 2**31 - 2
 def probe(cfg: dict) -> dict[str, str | None]:
     """Each protection -> None when granted, else why not (network: applied to this process)."""
     found: dict[str, str | None] = {}
-    found["network_namespace"] = _unshare_network()
+    found["network_namespace"] = None if "network_namespace" in cfg["disable"] else _unshare_network()
     found["uid_switch"] = _in_child(_probe_uid)
     found["landlock"] = _in_child(lambda: _probe_landlock(cfg))
     found["seccomp"] = _in_child(_probe_seccomp)
@@ -271,6 +272,8 @@ def _child(cfg: dict, code: str, scratch: str, uid: int, fds: tuple[int, int, in
             _landlock(cfg["read_paths"], scratch)
         if cfg["seccomp"]:
             _load_seccomp(_SECCOMP)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         sys.path[:] = cfg["stdlib_path"]
         sys.argv[:] = ["<code>"]
@@ -328,6 +331,21 @@ class Server:
         self.calls: dict[int, _Call] = {}  # by pidfd
         self.free_slots = list(range(self.workers))
         self.scratch = [os.path.join(cfg["scratch_root"], f"slot{i}") for i in range(self.workers)]
+        self.exited: dict[int, int] = {}  # wait status of call children reaped with the orphans
+
+    def reap_orphans(self) -> None:
+        """Wait for every exited child (orphans of a call come here: the server is their subreaper);
+        a call's own child is kept in ``exited`` for :meth:`finish`."""
+        calls = {c.pid for c in self.calls.values()}
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in calls:
+                self.exited[pid] = status
 
     def slot_uid(self, slot: int) -> int:
         return self.cfg["uid_base"] + slot
@@ -390,7 +408,7 @@ class Server:
             self.kill(call, "output")
 
     def finish(self, call: _Call) -> None:
-        _, status = os.waitpid(call.pid, 0)
+        status = self.exited.pop(call.pid) if call.pid in self.exited else os.waitpid(call.pid, 0)[1]
         self.sel.unregister(call.pidfd)
         os.close(call.pidfd)
         del self.calls[call.pidfd]
@@ -405,6 +423,7 @@ class Server:
                 del call.pipes[fd]
         if self.cfg["uid_switch"] and not self.cfg["seccomp"]:  # (seccomp: it could not fork)
             self.reap(self.slot_uid(call.slot))
+        self.reap_orphans()
         self.reset_scratch(call.slot)
         self.free_slots.append(call.slot)
         code = os.waitstatus_to_exitcode(status)
@@ -422,16 +441,21 @@ class Server:
         )
 
     def reap(self, uid: int) -> None:
-        """Kill every process of ``uid`` (a forked reaper running as that uid signals them all)."""
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setresuid(uid, uid, uid)
-                os.kill(-1, signal.SIGKILL)
-            except BaseException:
-                pass
-            os._exit(0)
-        os.waitpid(pid, 0)
+        """Kill every process of ``uid`` (a forked reaper running as that uid signals them all) and
+        wait, at most a second, until none is left, zombies included."""
+        deadline = time.monotonic() + 1.0
+        while _processes_of(uid) and time.monotonic() < deadline:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setresuid(uid, uid, uid)
+                    os.kill(-1, signal.SIGKILL)
+                except BaseException:
+                    pass
+                os._exit(0)
+            os.waitpid(pid, 0)
+            self.reap_orphans()
+            time.sleep(0.001)
 
     def read_requests(self) -> bool:
         chunk = os.read(0, _READ)
@@ -447,6 +471,13 @@ class Server:
         return True
 
     def serve(self) -> None:
+        _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        wake_r, wake_w = os.pipe()  # SIGCHLD wakes the loop, which waits for orphans
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
         self.sel.register(0, selectors.EVENT_READ, ("requests", None))
         open_input = True
         while open_input or self.calls:
@@ -459,7 +490,11 @@ class Server:
             timeout = min((c.deadline for c in self.calls.values()), default=now + 60) - now
             for key, _ in self.sel.select(max(timeout, 0) + 0.001):
                 kind, call = key.data
-                if kind == "requests":
+                if kind == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(key.fd, _READ)
+                    self.reap_orphans()
+                elif kind == "requests":
                     if not self.read_requests():
                         self.sel.unregister(0)
                         open_input = False
@@ -469,6 +504,19 @@ class Server:
                     self.read_pipe(key.fd, call)
                 elif kind == "exit" and call.pidfd in self.calls:
                     self.finish(call)
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The pids whose real uid is ``uid`` (read from /proc)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    out.append(int(name))
+            except OSError:
+                pass
+    return out
 
 
 def _readable(fd: int) -> bool:
@@ -481,7 +529,7 @@ def _readable(fd: int) -> bool:
 
 
 def _status(stopped: str | None, code: int) -> str:
-    """ok | error | wall_time | cpu_time | output | file_size | killed | setup (the sandbox failed)."""
+    """ok | error | wall_time | cpu_time | output | killed | setup (the sandbox failed)."""
     if stopped in ("wall", "output"):
         return {"wall": "wall_time", "output": "output"}[stopped]
     if code == 0:
@@ -492,8 +540,6 @@ def _status(stopped: str | None, code: int) -> str:
         return "error"
     if -code in (signal.SIGXCPU, signal.SIGKILL) and stopped is None:
         return "cpu_time"
-    if -code == signal.SIGXFSZ:
-        return "file_size"
     return "killed"
 
 
