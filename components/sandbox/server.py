@@ -561,6 +561,12 @@ def main() -> None:
         error = None
         if missing and not cfg["allow_weaker"]:
             error = "the sandbox lacks " + "; ".join(f"{k} ({v})" for k, v in missing.items())
+        if not cfg["seccomp"] and not cfg["uid_switch"]:  # a floor that allow_weaker does not lower
+            error = (
+                "the sandbox has neither seccomp nor a uid switch, so model code could signal every "
+                "process of this user (kill(-1)), the trainer's included; it refuses to start even with "
+                "allow_weaker"
+            )
         server = Server(cfg)
         if cfg["landlock"]:
             _warm_landlock()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from components.sandbox import Sandbox
+from components.sandbox import Sandbox, SandboxUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,9 +135,17 @@ def test_signals_to_the_server_and_the_trainer_are_refused(run, sandbox, weaker)
         r = run(f"import os, signal\nos.kill({pid}, signal.SIGKILL)")
         assert r.status == "error" and r.last_error_line.startswith("PermissionError")
     assert run("print('still serving')").stdout == "still serving\n"
-    # without seccomp and the uid switch, the same process could signal the trainer (signal 0: a probe)
-    box = weaker("seccomp", "uid_switch")
-    assert box.run(f"import os\nos.kill({os.getpid()}, 0)\nprint('reached')").stdout == "reached\n"
+    # each of seccomp and the uid switch stops it alone (signal 0: a probe that delivers nothing)
+    for missing in ("seccomp", "uid_switch"):
+        r = weaker(missing).run(f"import os\nos.kill({os.getpid()}, 0)\nprint('reached')")
+        assert r.status == "error" and r.last_error_line.startswith("PermissionError")
+
+
+def test_no_sandbox_starts_without_both_seccomp_and_the_uid_switch():
+    """Without both, os.kill(-1, ...) would reach every process of this user: refused even when a
+    weaker sandbox is accepted."""
+    with pytest.raises(SandboxUnavailable, match="neither seccomp nor a uid switch"):
+        Sandbox(allow_weaker=True, disable=("seccomp", "uid_switch")).start()
 
 
 def test_raw_syscalls_through_ctypes_are_refused(run):
@@ -199,7 +207,7 @@ def test_other_calls_go_on_beside_hostile_ones(sandbox: Sandbox):
 
 
 def test_the_trainer_survives_a_killed_server(weaker):
-    box = weaker("seccomp", "uid_switch")  # a server that a call can reach
+    box = weaker("landlock")  # a sandbox of its own, so the shared one stays up
     pid = box.server_pid
     os.kill(pid, signal.SIGKILL)
     assert box.run("print(3)").stdout == "3\n"  # started again
