@@ -12,7 +12,7 @@ every child) and probes the others in throw-away children; it answers a first fr
 Protocol (stdin/stdout): frames of a 4-byte big-endian length and a JSON object. A request
 ``{"id": int, "code": str}``; a reply ``{"id", "status", "stdout", "stderr", "exit_code", "signal",
 "output_bytes", "wall_s"}``. Requests are served concurrently, at most ``workers`` children at a
-time (the rest queue), each in a scratch directory of its own emptied before and after the call.
+time (the rest queue), each in a scratch directory of its own, emptied after each call (and at start).
 
 A child, between ``fork`` and the model's code: its own session and process group; pipes on fds 0-2
 and every other fd closed (it cannot write the protocol); ``chdir`` to its scratch directory;
@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import gc
 import json
 import os
 import resource
@@ -365,8 +366,7 @@ class Server:
             out = out[n:]
 
     def start_call(self, req: dict) -> None:
-        slot = self.free_slots.pop()
-        self.reset_scratch(slot)
+        slot = self.free_slots.pop()  # its scratch directory was emptied when its last call ended
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe()
@@ -471,6 +471,9 @@ class Server:
         return True
 
     def serve(self) -> None:
+        for slot in range(self.workers):
+            self.reset_scratch(slot)
+        gc.freeze()  # what is loaded now stays out of the collector: children touch fewer shared pages
         _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         wake_r, wake_w = os.pipe()  # SIGCHLD wakes the loop, which waits for orphans
         os.set_blocking(wake_r, False)
