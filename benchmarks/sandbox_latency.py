@@ -3,11 +3,12 @@
     python benchmarks/sandbox_latency.py [--calls 200] [--concurrency 1,4,16]
 
 A trivial script (``print(1)``) through :class:`components.sandbox.Sandbox` (the warm server, every
-protection the machine grants) and through ``subprocess.run([python, "-I", "-S", "-c", script])``,
-the cheapest unconfined interpreter per call. Prints, for each: the median and p99 of one call at a
-time, and calls per second with N calls in flight from a thread pool (the sandbox's ``workers`` set
-to N). Also the load average before and after: shared machines are noisy, so compare the two rows of
-one run, not runs.
+protection the machine grants), through ``subprocess.run([python, "-I", "-S", "-c", script])`` (the
+cheapest unconfined interpreter per call), and the floor of any fork-per-call design: this process
+forking a child that exits at once (on a loaded machine mostly the scheduler's delay). Prints, for
+each, the median and p99 of one call at a time; and, for the sandbox and the fresh interpreter, calls
+per second with N calls in flight from a thread pool (the sandbox's ``workers`` set to N). Also the
+load average before and after: shared machines are noisy, so compare the rows of one run, not runs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ SCRIPT = "print(1)"
 def fresh_python() -> None:
     out = subprocess.run([sys.executable, "-I", "-S", "-c", SCRIPT], capture_output=True, text=True, env={})
     assert out.stdout == "1\n", out
+
+
+def bare_fork() -> None:
+    """The floor: this process forks a child that exits at once, and waits for it."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def timed(call, n: int) -> list[float]:
@@ -74,9 +83,10 @@ def main() -> None:
                 timed(sandboxed, 10)  # warm-up
                 rows["sandbox"] = timed(sandboxed, args.calls)
                 rows["python -I -S"] = timed(fresh_python, args.calls)
+                rows["bare fork"] = timed(bare_fork, args.calls)
             rows[f"sandbox c={level}"] = throughput(sandboxed, args.calls, level)
             rows[f"python -I -S c={level}"] = throughput(fresh_python, args.calls, level)
-    for name in ("sandbox", "python -I -S"):
+    for name in ("sandbox", "python -I -S", "bare fork"):
         if name in rows:
             xs = rows[name]
             print(f"{name:14s} median {statistics.median(xs) * 1e3:6.1f} ms   p99 {p99(xs) * 1e3:6.1f} ms")
