@@ -21,6 +21,12 @@ def sandbox_processes(sandbox: Sandbox) -> list[psutil.Process]:
     return left
 
 
+@pytest.fixture
+def leftovers():
+    """:func:`sandbox_processes`, for a test that checks a sandbox of its own."""
+    return sandbox_processes
+
+
 @pytest.fixture(scope="module")
 def sandbox():
     with Sandbox(LIMITS, workers=4) as box:
