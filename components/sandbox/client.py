@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -92,6 +93,7 @@ class Sandbox:
         self.disable = tuple(disable)
         self.probe: dict[str, str | None] = {}
         self.server_pid: int | None = None
+        self.scratch_root: str | None = None  # the server's scratch directories are beneath it
         self.calls = 0  # calls answered since start
         self._lock = threading.Lock()  # guards the process, the pending calls and the next id
         self._write = threading.Lock()
@@ -147,11 +149,13 @@ class Sandbox:
                 )
             for name in hello["missing"]:
                 log.warning("sandbox runs WITHOUT %s: %s", name, self.probe[name])
-            self._proc, self.server_pid = proc, hello["pid"]
-            threading.Thread(target=self._reader, args=(proc,), name="sandbox-reader", daemon=True).start()
+            self._proc, self.server_pid, self.scratch_root = proc, hello["pid"], hello["scratch_root"]
+            threading.Thread(
+                target=self._reader, args=(proc, self.scratch_root), name="sandbox-reader", daemon=True
+            ).start()
             return self.probe
 
-    def _reader(self, proc: subprocess.Popen) -> None:
+    def _reader(self, proc: subprocess.Popen, scratch_root: str) -> None:
         while True:
             try:
                 reply = _read_frame(proc.stdout)
@@ -165,6 +169,7 @@ class Sandbox:
             if future is not None:
                 future.set_result(SandboxResult(**reply))
         proc.wait()
+        shutil.rmtree(scratch_root, ignore_errors=True)  # the server removes it, unless it was killed
         with self._lock:
             pending, self._pending = self._pending, {}
             if self._proc is proc:

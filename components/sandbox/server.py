@@ -577,7 +577,15 @@ def main() -> None:
             __import__(name)
         if cfg["seccomp"]:
             _SECCOMP = _seccomp_program()
-        server.send({"probe": found, "missing": sorted(missing), "error": error, "pid": os.getpid()})
+        server.send(
+            {
+                "probe": found,
+                "missing": sorted(missing),
+                "error": error,
+                "pid": os.getpid(),
+                "scratch_root": cfg["scratch_root"],
+            }
+        )
         if error is None:
             server.serve()
     finally:

@@ -206,7 +206,8 @@ def test_other_calls_go_on_beside_hostile_ones(sandbox: Sandbox):
 
 def test_the_trainer_survives_a_killed_server(weaker):
     box = weaker("landlock")  # a sandbox of its own, so the shared one stays up
-    pid = box.server_pid
+    pid, scratch = box.server_pid, box.scratch_root
     os.kill(pid, signal.SIGKILL)
     assert box.run("print(3)").stdout == "3\n"  # started again
     assert box.server_pid != pid
+    assert not os.path.exists(scratch)  # the killed server's scratch directories were removed
