@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "components.dist_env",
             "components.ports",
             "components.process_tree",
+            "components.sandbox",
         ),
     ),
     ("interfaces", ("components.envs", "components.rollout", "components.algos")),

@@ -63,3 +63,9 @@ def test_profile_becomes_dvc_exp_run_with_json_values():
 def test_missing_task_settings_point_at_the_profile():
     with pytest.raises(ConfigError, match=r"python -m flows\.repro --profile sokoban"):
         load_params(REPO / "params.yaml", overrides={"task": "sokoban"})
+
+
+def test_shipped_code_profile_is_valid_when_applied():
+    p = load_params(REPO / "params.yaml", overrides=RAW["profiles"]["code"])
+    assert p.task == "code" and p.rollout.max_steps >= p.task_params.turns_needed()
+    assert p.compare.algorithms == ["grpo", "ppo", "steppo", "gigpo"] and len(p.compare.seeds) >= 3

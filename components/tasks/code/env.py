@@ -1,0 +1,87 @@
+"""The code task's environment: a ToolEnv with the ``python`` tool, graded by the generator's checker.
+
+The sandbox is the process's shared one for the task's settings (``data_dir/sandbox.json``, written
+by prepare from ``tasks.code``; the defaults without it), started on the first environment and
+reused by every later one. A traceback or a wrong print is a tool result like any other: the model
+can try again within ``rollout.max_steps``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from components.envs.base import ToolEnv
+from components.envs.registry import get_tool
+from components.sandbox import SandboxLimits, shared_sandbox
+from components.tasks.code.generator import score_answer
+from components.tasks.code.params import SANDBOX_FILE, CodeParams
+from components.tasks.code.tool import PythonTool
+from components.tasks.prompts import answer_content, question_messages
+
+__all__ = ["SYSTEM_PROMPT", "CodeEnv", "initial_messages", "make_env", "parse_answer", "tools"]
+
+SYSTEM_PROMPT = (
+    "Solve the problem by running Python with the python tool: it returns what your program printed. "
+    "Then give the final answer as <answer>...</answer>."
+)
+
+
+def parse_answer(text: str) -> str | None:
+    """The content of the final ``<answer>...</answer>``, or None."""
+    return answer_content(text)
+
+
+class CodeEnv(ToolEnv):
+    """A ToolEnv whose reward is the checker of the row's generator (column ``generator``)."""
+
+    def __init__(self, tool: PythonTool, *, malformed_penalty: float = 0.0) -> None:
+        super().__init__(
+            [tool],
+            self._score,
+            SYSTEM_PROMPT,
+            answer_fn=parse_answer,
+            malformed_penalty=malformed_penalty,
+            # the sandbox stops a program at wall_s; a call may also wait for a free worker
+            tool_timeout_s=tool.sandbox.limits.wall_s * 4 + 10,
+            max_output_chars=tool.sandbox.limits.output_bytes,
+        )
+        self._generator = ""
+
+    def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+        if "generator" not in row:
+            raise KeyError(f"task row has no 'generator' column (columns: {sorted(row)})")
+        self._generator = str(row["generator"])
+        return super().reset(row)
+
+    def _score(self, text: str, truth: str) -> float:
+        return score_answer(self._generator, parse_answer(text), truth)
+
+
+def make_env(
+    row: Mapping[str, Any] | None = None,
+    *,
+    malformed_penalty: float = 0.0,
+    data_dir: str | Path | None = None,
+) -> CodeEnv:
+    """A fresh code environment on the shared sandbox (``row`` is accepted for the common factory
+    signature and unused: reset() takes the row)."""
+    settings = CodeParams().sandbox_settings()
+    if data_dir is not None and (Path(data_dir) / SANDBOX_FILE).is_file():
+        settings = json.loads((Path(data_dir) / SANDBOX_FILE).read_text())
+    sandbox = shared_sandbox(
+        SandboxLimits(**settings["limits"]),
+        workers=settings["workers"],
+        allow_weaker=settings["allow_weaker"],
+    )
+    return CodeEnv(get_tool(PythonTool.name)(sandbox), malformed_penalty=malformed_penalty)
+
+
+def tools() -> list[dict[str, Any]]:
+    """The OpenAI tool schemas of the code task."""
+    return [get_tool(PythonTool.name).schema()]
+
+
+initial_messages = question_messages(SYSTEM_PROMPT)
