@@ -147,7 +147,11 @@ def fit(params: Params, steps: list[dict]) -> FitResult:
             ev=f"{point['ev']:.3f}", token=f"{point['ev_token']:.3f}", step=f"{point['ev_step']:.3f}"
         )
         mlflow.log_metrics(
-            {f"critic_warmup/selection_{k}": v for k, v in point.items() if k != "step" and math.isfinite(v)},
+            {
+                f"critic_warmup/{k if k == 'loss' else 'selection_' + k}": v
+                for k, v in point.items()
+                if k != "step" and math.isfinite(v)
+            },
             step=int(point["step"]),
         )
 
