@@ -213,7 +213,7 @@ def test_run_critic_starts_with_the_warm_ups_adam_moments(tmp_path):
     assert "NOT carried" in line and "BF16" in line.upper() and "starts fresh" in line
     assert "none saved" in carry_adam_moments(run, tmp_path / "missing.pt")
     torch.save({**saved, "params": {}}, tmp_path / "probe_only.pt")
-    assert "no Adam step" in carry_adam_moments(run, tmp_path / "probe_only.pt")
+    assert "before any Adam step" in carry_adam_moments(run, tmp_path / "probe_only.pt")
 
 
 def test_fit_stops_after_patience_measurements_without_a_new_best(tmp_path):
