@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -293,6 +294,10 @@ class TrainParams(Section):
     # lets the second-moment estimate settle first.
     lr_warmup_steps: int = Field(0, ge=0)
     adam_eps: float = Field(1e-8, gt=0, le=1)
+    # The critic's own lr warmup (optimizer steps; null = lr_warmup_steps): a critic that starts from
+    # the critic_warmup stage's fit without its Adam moments (bf16 or ZeRO >= 1) can take its first
+    # in-run steps small instead of undoing the fit.
+    critic_lr_warmup_steps: int | None = Field(None, ge=0)
     # Reward added to a step whose tool call or answer is malformed (0 = none; e.g. -0.1).
     malformed_penalty: float = Field(0.0, le=0)
     # Weight w of the task's process rewards (its score of each tool call), normalised apart from the
@@ -355,6 +360,18 @@ class CriticWarmupParams(Section):
     # measurements without a new best and keeps the best weights.
     eval_every: int = Field(10, ge=1)
     patience: int = Field(4, ge=1)
+
+    @model_validator(mode="after")
+    def _splits_not_empty(self) -> CriticWarmupParams:
+        held = math.ceil(self.held_out * self.episodes)
+        if self.episodes and (held < 2 or held >= self.episodes):
+            raise ValueError(
+                f"critic_warmup.episodes={self.episodes} with critic_warmup.held_out={self.held_out} holds out "
+                f"{held} episodes; the fit "
+                "needs at least one train episode and two held out (one chooses the step, one reports "
+                "it): set episodes to 0 (off), or raise episodes or held_out"
+            )
+        return self
 
 
 class CompareParams(Section):

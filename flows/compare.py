@@ -333,9 +333,9 @@ def _series(curve: pl.DataFrame, column: str) -> list[float]:
 
 def _diagnostics_table(params: Params) -> list[str]:
     """4. per run: the collapse signs RAGEN reads (first vs last quarter of the iterations) and the
-    critic's explained variance at the first and the last iteration (PPO/StepPO)."""
+    critic's explained variance at the first iteration, its lowest and the last (PPO/StepPO)."""
     head = ["run", "in-group reward std", "entropy", "distinct actions per state", "training success",
-            "critic explained variance (first -> last)", "reading"]  # fmt: skip
+            "critic explained variance (first / lowest / last)", "reading"]  # fmt: skip
     lines = [_row(head), _row(["---"] * len(head))]
     for _, _, name in params.compare.runs():
         curve = _curve(name)
@@ -354,7 +354,7 @@ def _diagnostics_table(params: Params) -> list[str]:
                 str(trend(v)) if trend(v) else "-"
                 for v in (spread, series["entropy"], series["distinct_actions"], series["success"])
             ),
-            f"{ev[0]:.3f} -> {ev[-1]:.3f}" if ev else "-",
+            f"{ev[0]:.3f} / {min(ev):.3f} / {ev[-1]:.3f}" if ev else "-",
             read_trend(series) if spread and series["entropy"] else "-",
         ]
         lines.append(_row(cells))
@@ -389,7 +389,8 @@ DIAGNOSTICS_TEXT = (
     "success rate, all over every sampled trajectory (components/train/collapse.py). A fall of at least "
     "half, with training success falling, reads as a collapse; with success rising, as a policy converging. "
     "For PPO and StepPO, the critic's explained variance of the returns on the iteration's fresh batch "
-    "(held out from everything the critic was fitted on) at the first and the last iteration.\n\n"
+    "(held out from everything the critic was fitted on) at the first iteration, its lowest over the run "
+    "(did an in-run update undo the warm-up?) and at the last iteration.\n\n"
 )
 
 

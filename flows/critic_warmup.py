@@ -3,9 +3,12 @@
 With ``critic_warmup.episodes`` > 0 it plays that many episodes of the SFT policy (the rollout engine,
 ``train.temperature``, one episode per RL prompt: train rows after ``sft.rows``, drawn with
 ``seed``), fits a critic (the SFT backbone, a zero value head) to their discounted returns until its
-explained variance on held-out trajectories stops rising (components/train/critic_fit.py), and
-writes the best fit to models/critic (HF format), metrics/critic_warmup.json and
-plots/critic_warmup.csv (the held-out explained variance by optimizer step; drawn in MLflow). Every ppo and steppo run (any RL seed) starts its critic from
+explained variance on held-out selection trajectories stops rising (components/train/critic_fit.py),
+and writes the best fit to models/critic (HF format, with its Adam moments in adam_moments.pt where
+the optimizer is a plain torch one), metrics/critic_warmup.json (``held_out_ev_*``: measured once on
+report trajectories that chose nothing; ``selection_best_ev_*``: the best of the measurements that
+chose the step) and plots/critic_warmup.csv (the selection split's explained variance by optimizer
+step; drawn in MLflow). Every ppo and steppo run (any RL seed) starts its critic from
 models/critic (flows/train_settings.warm_critic), so the warm-up is paid once per task and SFT
 checkpoint. With ``episodes: 0`` it writes models/critic/off.json only, and each run's critic starts
 from the SFT backbone as before.
@@ -17,8 +20,10 @@ import math
 import random
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import polars as pl
+import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
@@ -33,6 +38,7 @@ from components.schemas import StepSchema, validate_table
 from components.train.critic import build_critic
 from components.train.critic_fit import FitResult, FitSettings, fit_critic, value_targets
 from components.train.engine import build_engine
+from components.train.optimizer_state import ADAM_MOMENTS
 from flows import REPO, processed
 from flows._stage import StageError, mlflow_run, read_params, stage_main
 from flows.evaluate import open_engine
@@ -80,12 +86,28 @@ def rollout(params: Params) -> list[dict]:
     return validate_table(pl.DataFrame(steps), StepSchema, "critic warm-up rollouts").to_dicts()
 
 
-def split_trajectories(rows: list[dict], held_out: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train rows, held-out rows): a share ``held_out`` of the trajectories (at least one) held out whole."""
+def split_trajectories(
+    rows: list[dict], held_out: float, seed: int
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """(train, selection, report) rows: a share ``held_out`` of the trajectories is held out whole and
+    halved, the first half choosing the fit's step, the second measuring it once (unbiased). Raises a
+    ValueError naming critic_warmup.episodes / held_out when a split would be empty."""
     trajs = sorted({r["traj_id"] for r in rows})
     random.Random(seed).shuffle(trajs)
-    held = set(trajs[: max(1, math.ceil(held_out * len(trajs)))])
-    return [r for r in rows if r["traj_id"] not in held], [r for r in rows if r["traj_id"] in held]
+    n_held = math.ceil(held_out * len(trajs))
+    n_select = math.ceil(n_held / 2)
+    if n_held < 2 or n_held >= len(trajs):
+        raise ValueError(
+            f"critic warm-up: {len(trajs)} trajectories with critic_warmup.held_out={held_out} hold out "
+            f"{n_held}; the fit needs at least one train trajectory and two held out (one to choose the "
+            "step, one to report it): raise critic_warmup.episodes or change critic_warmup.held_out"
+        )
+    select, report = set(trajs[:n_select]), set(trajs[n_select:n_held])
+    return (
+        [r for r in rows if r["traj_id"] not in select and r["traj_id"] not in report],
+        [r for r in rows if r["traj_id"] in select],
+        [r for r in rows if r["traj_id"] in report],
+    )
 
 
 @task(cache_policy=NO_CACHE)
@@ -97,23 +119,26 @@ def fit(params: Params, steps: list[dict]) -> FitResult:
 
     w, t, ds = params.critic_warmup, params.train, params.deepspeed
     rows = value_targets(steps, gamma=t.gamma)
-    train_rows, held_rows = split_trajectories(rows, w.held_out, params.seed)
+    train_rows, select_rows, report_rows = split_trajectories(rows, w.held_out, params.seed)
     tokenizer = AutoTokenizer.from_pretrained(SFT)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engine = build_engine(
-        build_critic(SFT),
-        lr=w.lr,
-        weight_decay=0.0,
-        zero_stage=ds.zero_stage,
-        dtype=ds.dtype,
-        grad_clip=t.grad_clip,
-        micro_batch_size=t.micro_batch_size,
-        grad_accum_steps=1,
-        warmup_steps=w.lr_warmup_steps,
-        total_steps=max(w.lr_warmup_steps, 1),
-        lr_schedule="constant",
-        eps=t.adam_eps,
-    )
+
+    def make_engine(critic: torch.nn.Module) -> Any:
+        return build_engine(
+            critic,
+            lr=w.lr,
+            weight_decay=0.0,
+            zero_stage=ds.zero_stage,
+            dtype=ds.dtype,
+            grad_clip=t.grad_clip,
+            micro_batch_size=t.micro_batch_size,
+            grad_accum_steps=1,
+            warmup_steps=w.lr_warmup_steps,
+            total_steps=max(w.lr_warmup_steps, 1),
+            lr_schedule="constant",
+            eps=t.adam_eps,
+        )
+
     bar = tqdm(total=w.max_steps, desc="critic warm-up fit", unit="step")
 
     def progress(point: dict[str, float]) -> None:
@@ -122,7 +147,11 @@ def fit(params: Params, steps: list[dict]) -> FitResult:
             ev=f"{point['ev']:.3f}", token=f"{point['ev_token']:.3f}", step=f"{point['ev_step']:.3f}"
         )
         mlflow.log_metrics(
-            {f"critic_warmup/{k}": v for k, v in point.items() if k != "step" and math.isfinite(v)},
+            {
+                f"critic_warmup/{k if k == 'loss' else 'selection_' + k}": v
+                for k, v in point.items()
+                if k != "step" and math.isfinite(v)
+            },
             step=int(point["step"]),
         )
 
@@ -134,14 +163,26 @@ def fit(params: Params, steps: list[dict]) -> FitResult:
         patience=w.patience,
         seed=params.seed,
     )
-    result = fit_critic(engine, train_rows, held_rows, settings, pad_id=pad_id, progress=progress)
+    engine, result = fit_critic(
+        build_critic(SFT), make_engine, train_rows, select_rows, report_rows, settings,
+        pad_id=pad_id, progress=progress,
+    )  # fmt: skip
     bar.close()
-    meta = {"best_step": result.best_step, "held_out_ev": result.best["ev"], "episodes": w.episodes}
+    meta = {"best_step": result.best_step, "held_out_ev": result.report["mean"], "episodes": w.episodes}
     save_hf(engine.module, tokenizer, CRITIC, metadata=meta)
+    if result.optimizer_state is not None:
+        torch.save(result.optimizer_state, CRITIC / ADAM_MOMENTS)
+    else:
+        print(
+            f"critic warm-up: Adam moments not saved (deepspeed.dtype={ds.dtype}, zero_stage="
+            f"{ds.zero_stage}: DeepSpeed's own optimizer holds them); runs start their critic's Adam fresh"
+        )
     print(
-        f"critic warm-up: {len(train_rows)} train / {len(held_rows)} held-out step rows, best at step "
-        f"{result.best_step}: held-out explained variance {result.best['ev_token']:.3f} per token, "
-        f"{result.best['ev_step']:.3f} per step"
+        f"critic warm-up: {len(train_rows)} train / {len(select_rows)} selection / {len(report_rows)} "
+        f"report step rows, best at step {result.best_step}: held-out explained variance (report "
+        f"split) {result.report['token']:.3f} per token, {result.report['step']:.3f} per step "
+        f"(selection split, best of {len(result.history)}: {result.best['ev_token']:.3f}, "
+        f"{result.best['ev_step']:.3f})"
     )
     return result
 
@@ -154,8 +195,12 @@ def _report(params: Params, steps: list[dict], result: FitResult, png: Path) -> 
         "success_rate": len({r["traj_id"] for r in steps if r.get("correct")}) / max(trajectories, 1),
         "best_step": result.best_step,
         "steps_run": int(result.history[-1]["step"]),
-        "held_out_ev_token": result.best["ev_token"],
-        "held_out_ev_step": result.best["ev_step"],
+        # the report split, measured once at the chosen step (unbiased)
+        "held_out_ev_token": result.report["token"],
+        "held_out_ev_step": result.report["step"],
+        # the selection split at the chosen step: the best of len(history) measurements (biased up)
+        "selection_best_ev_token": result.best["ev_token"],
+        "selection_best_ev_step": result.best["ev_step"],
     }
     write_json(summary, METRICS)
     header = "step,loss,ev_token,ev_step,ev\n"

@@ -94,4 +94,7 @@ def session_config(
         seed=params.seed,
         old_logprobs=t.old_logprobs,
         critic_init=str(critic) if critic is not None and parts["critic"] is not None else None,
+        critic_lr_warmup_steps=t.lr_warmup_steps
+        if t.critic_lr_warmup_steps is None
+        else t.critic_lr_warmup_steps,
     )

@@ -210,6 +210,8 @@ def test_every_bad_key_is_reported_at_once():
             ["algorithms.grpo.samples_per_prompt=16", "train.trajectories_per_iteration=8"],
         ),
         ({"train.critic_warmup": 20, "train.iterations": 20}, ["train.critic_warmup=20", "never be updated"]),
+        ({"critic_warmup.episodes": 1}, ["critic_warmup.episodes=1", "two held out"]),
+        ({"critic_warmup.episodes": 10, "critic_warmup.held_out": 0.95}, ["held_out=0.95", "one train"]),
         (
             {"train.critic_mini_batch_size": 100},
             ["train", "critic_mini_batch_size=100", "micro_batch_size=16"],

@@ -34,6 +34,13 @@ def test_shipped_babyai_profile_is_valid_when_applied():
     assert p.compare.algorithms == ["grpo", "ppo", "steppo", "gigpo"] and len(p.compare.seeds) >= 3
 
 
+@pytest.mark.parametrize("profile", ["sokoban", "babyai"])
+def test_shipped_profiles_warm_the_critic_up(profile):
+    """PPO and StepPO of each comparison start from a fitted critic, not a cold one."""
+    p = load_params(REPO / "params.yaml", overrides=RAW["profiles"][profile])
+    assert p.critic_warmup.episodes > 0 and p.train.critic_lr == p.critic_warmup.lr
+
+
 def test_unknown_profile_key_is_named_at_load():
     with pytest.raises(ConfigError, match=r"profiles\.x: 'rollout\.max_stepz' is not a params key"):
         parse_params(with_profiles({"x": {"rollout.max_stepz": 3}}))

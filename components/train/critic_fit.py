@@ -12,12 +12,16 @@ lambda = 1 and a zero critic: per response token as ``gae`` reads them (PPO), at
 prompt token as ``step_gae`` reads them (StepPO). One critic is fitted to both, so PPO and StepPO
 runs share it: the loss is the mean of the per-token and the per-step squared errors.
 
-:func:`fit_critic` first sets the value head to the least-squares fit of the targets on the SFT
-backbone's features (:func:`probe_head`, a linear probe: a zero head needs tens of Adam steps just to
-reach the scale of the returns), then takes random step rows per optimizer step (faster than whole
+:func:`fit_critic` first sets the bare critic's value head to the least-squares fit of the targets
+on the SFT backbone's features (:func:`probe_head`, a linear probe: a zero head needs tens of Adam
+steps just to reach the scale of the returns) and only then builds the engine (whose bf16 / ZeRO
+master weights copy the probe), then takes random step rows per optimizer step (faster than whole
 trajectories on sokoban: benchmarks/critic_fit.py) on every weight, measures the explained variance of
-both kinds of values on the held-out trajectories every ``eval_every`` steps, stops after ``patience``
-measurements without a new best of their mean, and leaves the best weights in the engine.
+both kinds of values on the selection trajectories every ``eval_every`` steps, stops after
+``patience`` measurements without a new best of their mean, leaves the best weights in the engine,
+and measures them once on report trajectories that chose nothing (the unbiased figure). The Adam
+moments at the best step come back with the result, for the runs to start from
+(components/train/optimizer_state.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch import Tensor
 from components.device import model_device, to_device
 from components.train.advantage import compute_advantages
 from components.train.engine import train_step
+from components.train.optimizer_state import adam_moments
 from components.train.policy import (
     TokenBatch,
     critic_features,
@@ -106,40 +111,73 @@ def held_out_explained_variance(
     return {"token": token, "step": step, "mean": (token + step) / 2}
 
 
+def value_head(critic: torch.nn.Module) -> torch.nn.Linear:
+    """The critic's value head as ``build_critic`` makes it: ``score`` (decoder LMs) or ``classifier``
+    (encoder heads), a ``torch.nn.Linear`` to one output, with or without a bias; anything else is
+    refused with a message naming what was found."""
+    if hasattr(critic, "module") and hasattr(critic, "optimizer"):
+        raise TypeError(
+            "probe_head needs the bare critic, before build_engine: an engine's optimizer holds master "
+            "weights (bf16, ZeRO) that its first step would copy back over the probe"
+        )
+    head = getattr(critic, "score", None) or getattr(critic, "classifier", None)
+    if not isinstance(head, torch.nn.Linear) or head.out_features != 1:
+        found = type(head).__name__ if head is not None else "no `score` or `classifier`"
+        raise ValueError(
+            f"probe_head needs a value head `score` or `classifier` that is a torch.nn.Linear with one "
+            f"output; {type(critic).__name__} has {found}"
+            + (f" with {head.out_features} outputs" if isinstance(head, torch.nn.Linear) else "")
+        )
+    return head
+
+
 @torch.no_grad()
 def probe_head(
     critic: torch.nn.Module, rows: Sequence[dict[str, Any]], *, pad_id: int, ridge: float = 1e-3
 ) -> None:
-    """Set the value head (weight and bias) to the least-squares fit of the rows' targets on the
-    backbone's features as they are (a linear probe), weighting the per-token and the per-step targets
-    as the fit's loss does, with a ridge penalty ``ridge`` on the weights. A zero head moves by about
-    the learning rate per Adam step and needs tens of steps to reach returns of several units; the
-    probe starts the gradient fit where a linear read-out of the SFT model's features already explains
-    what it can."""
+    """Set the value head (weight, and bias where it has one) of the BARE critic (before
+    ``build_engine``: an engine's bf16 / ZeRO master weights would overwrite it at the first step) to
+    the least-squares fit of the rows' targets on the backbone's features as they are (a linear
+    probe), weighting the per-token and the per-step targets as the fit's loss does, with a ridge
+    penalty ``ridge`` on the weights. A zero head moves by about the learning rate per Adam step and
+    needs tens of steps to reach returns of several units; the probe starts the gradient fit where a
+    linear read-out of the SFT model's features already explains what it can.
+
+    Memory: only the sufficient statistics X^T X and X^T y (float64, (H+1)^2) are kept, summed over
+    chunks of 64 trajectories, per token and per step; no token's features outlive its chunk."""
+    head = value_head(critic)
+    if not rows:
+        raise ValueError("probe_head needs at least one row")
     critic.eval()
-    feats_tok, feats_step, y_tok, y_step = [], [], [], []
+    bias = head.bias is not None
+    d = head.in_features + bias
+    stats = {
+        k: [torch.zeros(d, d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64), 0]
+        for k in ("tok", "step")
+    }
+
+    def add(kind: str, x: Tensor, y: Tensor) -> None:
+        x = x.double()
+        if bias:
+            x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+        xtx, xty, n = stats[kind]
+        stats[kind] = [xtx + x.T @ x, xty + x.T @ y.double(), n + len(x)]
+
     for idx in trajectory_chunks(rows, 64):
         t = _tensors([rows[i] for i in idx], pad_id)
         h_step, h_tok = critic_features(critic, t.batch)
         mask = t.batch.response_mask.bool()
-        feats_tok.append(h_tok.cpu()[mask])
-        y_tok.append(t.token_returns[mask])
-        feats_step.append(h_step.cpu())
-        y_step.append(t.step_returns)
-    x_tok, x_step = torch.cat(feats_tok).double(), torch.cat(feats_step).double()
-    y = torch.cat([torch.cat(y_tok), torch.cat(y_step)]).double()
-    x = torch.cat([x_tok, x_step])
-    x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # the bias
-    w = torch.cat(
-        [torch.full((len(x_tok),), 0.5 / len(x_tok)), torch.full((len(x_step),), 0.5 / len(x_step))]
-    )
-    xw = x * w.double().unsqueeze(1)
-    penalty = ridge * torch.eye(x.size(1), dtype=x.dtype)
-    penalty[-1, -1] = 0.0  # the bias is not penalised
-    coef = torch.linalg.solve(xw.T @ x + penalty, xw.T @ y)
-    head = critic.score
-    head.weight.copy_(coef[:-1].to(head.weight.dtype).view_as(head.weight))
-    head.bias.copy_(coef[-1:].to(head.bias.dtype))
+        add("tok", h_tok.cpu()[mask], t.token_returns[mask])
+        add("step", h_step.cpu(), t.step_returns)
+    penalty = ridge * torch.eye(d, dtype=torch.float64)
+    if bias:
+        penalty[-1, -1] = 0.0  # the bias is not penalised
+    xtx = sum(0.5 * a / max(n, 1) for a, _, n in stats.values()) + penalty
+    xty = sum(0.5 * b / max(n, 1) for _, b, n in stats.values())
+    coef = torch.linalg.solve(xtx, xty)
+    head.weight.copy_(coef[: head.in_features].to(head.weight.dtype).view_as(head.weight))
+    if bias:
+        head.bias.copy_(coef[-1:].to(head.bias.dtype))
 
 
 @dataclass(frozen=True)
@@ -155,27 +193,40 @@ class FitSettings:
 @dataclass
 class FitResult:
     best_step: int
-    best: dict[str, float]  # held-out explained variance at best_step
+    best: dict[str, float]  # selection-split explained variance at best_step: the best of N, biased up
+    report: dict[str, float] = field(default_factory=dict)  # report split at best_step: token, step, mean
     history: list[dict[str, float]] = field(default_factory=list)  # step, loss, token, step_ev, mean
+    optimizer_state: dict[str, dict[str, Tensor]] | None = None  # Adam moments at best_step (adam_moments)
 
 
 def fit_critic(
-    engine: Any,
+    critic: torch.nn.Module,
+    make_engine: Callable[[torch.nn.Module], Any],
     train_rows: Sequence[dict[str, Any]],
-    held_rows: Sequence[dict[str, Any]],
+    select_rows: Sequence[dict[str, Any]],
+    report_rows: Sequence[dict[str, Any]],
     settings: FitSettings,
     *,
     pad_id: int,
     progress: Callable[[dict[str, float]], None] | None = None,
-) -> FitResult:
-    """Fit ``engine`` (a DeepSpeed engine over a critic) to the :func:`value_targets` of ``train_rows``
-    until the held-out explained variance stops rising; the engine's module ends with the best weights.
-    ``progress`` is called with each measurement."""
+) -> tuple[Any, FitResult]:
+    """Probe the bare ``critic``'s head on ``train_rows`` (:func:`probe_head`), wrap it with
+    ``make_engine`` (a DeepSpeed engine: built after the probe, so its master weights start from it),
+    and fit it to the :func:`value_targets` of ``train_rows`` until the explained variance on
+    ``select_rows`` stops rising; the engine's module ends with the best weights. ``report_rows``
+    (trajectories in neither other split) are measured once, at the chosen step: the unbiased figure
+    (``best`` is the best of up to max_steps / eval_every measurements on the rows that chose it).
+    ``progress`` is called with each measurement. Returns (engine, result)."""
+    for name, part in (("train", train_rows), ("selection", select_rows), ("report", report_rows)):
+        if not part:
+            raise ValueError(f"fit_critic: the {name} split has no rows")
     s, rng = settings, random.Random(settings.seed)
+    probe_head(critic, train_rows, pad_id=pad_id)  # (a zero head explains nothing: no need to measure it)
+    engine = make_engine(critic)
     critic = engine.module
 
     def measure(step: int, loss: float) -> dict[str, float]:
-        ev = held_out_explained_variance(critic, held_rows, pad_id=pad_id)
+        ev = held_out_explained_variance(critic, select_rows, pad_id=pad_id)
         point = {
             "step": float(step),
             "loss": loss,
@@ -196,9 +247,8 @@ def fit_critic(
         loss = 0.5 * (token_mse + step_mse)
         return loss, {"token_mse": token_mse.detach(), "step_mse": step_mse.detach()}
 
-    probe_head(critic, train_rows, pad_id=pad_id)  # (a zero head explains nothing: no need to measure it)
     first = measure(0, float("nan"))
-    result = FitResult(0, first, [first])
+    result = FitResult(0, first, history=[first], optimizer_state=adam_moments(engine))
     best_state = copy.deepcopy(critic.state_dict())
     since_best = 0
     losses: list[float] = []
@@ -221,10 +271,12 @@ def fit_critic(
         if point["ev"] > result.best["ev"]:
             result.best_step, result.best = step, point
             best_state = copy.deepcopy(critic.state_dict())
+            result.optimizer_state = adam_moments(engine)
             since_best = 0
         else:
             since_best += 1
             if since_best >= s.patience:
                 break
     critic.load_state_dict(best_state)
-    return result
+    result.report = held_out_explained_variance(critic, report_rows, pad_id=pad_id)
+    return engine, result

@@ -26,6 +26,7 @@ from components.rollout.factory import make_engine
 from components.train.checkpoint import load_engine_state, save_checkpoint
 from components.train.critic import build_critic, load_critic
 from components.train.engine import autocast_for, build_engine
+from components.train.optimizer_state import ADAM_MOMENTS, carry_adam_moments
 from components.train.policy import critic_values, make_token_batch, response_logprobs
 from components.train.rl_update import (
     ActorSettings,
@@ -59,6 +60,8 @@ class SessionConfig:
     # A fitted critic to start from (the critic_warmup stage's models/critic); None = the SFT backbone
     # with a zero value head (components.train.critic.build_critic).
     critic_init: str | None = None
+    # Optimizer steps of linear lr warm-up of the critic alone (train.critic_lr_warmup_steps).
+    critic_lr_warmup_steps: int = 0
 
 
 class RLSession:
@@ -97,7 +100,11 @@ class RLSession:
         self.critic = None
         if cfg.critic is not None:
             critic = load_critic(cfg.critic_init) if cfg.critic_init else build_critic(self.init_dir)
-            self.critic = build_engine(critic, lr=cfg.critic_lr, **engine_kw)
+            warm = cfg.critic_lr_warmup_steps
+            critic_kw = {**engine_kw, "warmup_steps": warm, "total_steps": max(warm, 1)}
+            self.critic = build_engine(critic, lr=cfg.critic_lr, **critic_kw)
+            if cfg.critic_init:  # the warm-up's Adam moments, so its first in-run step is not a cold one
+                print(carry_adam_moments(self.critic, Path(cfg.critic_init) / ADAM_MOMENTS))
         self.ref = None
         if cfg.use_ref:  # frozen, outside DeepSpeed: on the actor's device, where annotate feeds it
             ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval()

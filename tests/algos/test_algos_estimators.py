@@ -468,3 +468,58 @@ def test_bad_mask_is_named():
     mask[3, 0], mask[4, 1] = 1, 0.5
     with pytest.raises(ValueError, match="response_mask must be 0/1; row 4 column 1 is 0.5"):
         get_advantage_estimator("grpo")(**base_kw(response_mask=mask))
+
+
+# ---- equal returns give exactly 0 (no float32 rounding noise through std + 1e-6) --------------------
+
+
+def _equal_return_groups(base: float, steps: int) -> dict:
+    """One batch of 1,400 prompt groups: sizes n = 2..8 times 200 float32 values v near ``base``. Each
+    trajectory has ``steps`` steps; the last step of every trajectory of a group earns v from the same
+    state (obs 1), so that step group has equal returns G = v; earlier steps earn 0.1 * (its index
+    in the group) from state 0. With steps = 1 every trajectory of a group scores v."""
+    rewards, traj, step, group = [], [], [], []
+    t = g = 0
+    for n in range(2, 9):
+        for k in range(200):
+            v = base * (0.9 + 0.001 * k)
+            for i in range(n):
+                for s in range(steps):
+                    rewards.append(v if s == steps - 1 else 0.1 * i)
+                    traj.append(t)
+                    step.append(s)
+                    group.append(g)
+                t += 1
+            g += 1
+    step_t = torch.tensor(step)
+    return dict(
+        rewards=torch.tensor(rewards, dtype=torch.float32), response_mask=torch.ones(len(step), 1),
+        traj_index=torch.tensor(traj), step_index=step_t, group_index=torch.tensor(group),
+        obs_index=(step_t == steps - 1).long(), gamma=0.95,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("base", [1.0, 10.0, 100.0])
+def test_group_of_equal_returns_gives_exactly_zero(base):
+    """float32 returns near 1, 10 and 100, group sizes 2-8: a prompt group of equal scores gives grpo,
+    gigpo, dr_grpo and rloo advantages of exactly 0, and a gigpo step group of equal returns a step
+    term of exactly 0 (A with w = 1 equals A with w = 0 on those rows)."""
+    flat = _equal_return_groups(base, steps=1)
+    for name in ("grpo", "gigpo", "dr_grpo", "rloo"):
+        adv = get_advantage_estimator(name)(**flat).advantages
+        assert torch.equal(adv, torch.zeros_like(adv)), (name, adv.abs().max().item())
+    batch = _equal_return_groups(base, steps=2)
+    last = batch["step_index"] == 1
+    gigpo = get_advantage_estimator("gigpo")
+    with_step = gigpo(**batch, step_weight=1.0).advantages[last]
+    without = gigpo(**batch, step_weight=0.0).advantages[last]
+    assert torch.equal(with_step, without), (with_step - without).abs().max().item()
+
+
+def test_group_center_keeps_a_real_spread():
+    """A spread well above rounding (1e-3 of 100) is normalised as before, not zeroed."""
+    out = get_advantage_estimator("grpo")(
+        rewards=torch.tensor([100.0, 100.1]), response_mask=torch.ones(2, 1), traj_index=torch.arange(2),
+        step_index=torch.zeros(2, dtype=torch.long), group_index=torch.zeros(2, dtype=torch.long),
+    )  # fmt: skip
+    assert out.advantages[:, 0].tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-3)

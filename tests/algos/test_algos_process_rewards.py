@@ -164,3 +164,20 @@ def test_compute_advantages_reads_the_process_reward_column():
         r["advantages"]
         for r in compute_advantages(rows, estimator="grpo", gamma=1.0, lam=1.0, process_weight=0.0)
     ]
+
+
+@pytest.mark.parametrize("base", [1.0, 10.0, 100.0])
+def test_equal_process_rewards_normalise_to_exactly_zero(base):
+    """Normalisation groups of equal float32 scores (sizes 2-8, 200 values near ``base``) give p̂ = 0
+    exactly (no ulp / 1e-6 noise)."""
+    p, group = [], []
+    for n in range(2, 9):
+        for k in range(200):
+            p += [base * (0.9 + 0.001 * k)] * n
+            group += [len(group)] * n
+    out = normalize_process_rewards(
+        rewards=torch.tensor(p, dtype=torch.float32),
+        scored=torch.ones(len(p), dtype=torch.bool),
+        group=torch.tensor(group),
+    )
+    assert torch.equal(out, torch.zeros_like(out)), out.abs().max().item()

@@ -200,7 +200,7 @@ def test_collapse_signs_and_critic_per_run(workspace):
     root, params = workspace
     cols = "iteration,val_accuracy,score_mean,train_accuracy,group_reward_std,reward_std,entropy,distinct_actions,vf_explained_var"
     # grpo-s0 collapses: spread and entropy halve while success falls; grpo-s1 converges (success rises);
-    # ppo-s0 holds steady and has a critic; ppo-s1's csv predates the columns
+    # ppo-s0 holds steady and has a critic whose explained variance dips after its first update; ppo-s1's csv predates the columns
     runs = {
         "grpo-s0": (
             [0.6, 0.6, 0.5, 0.5, 0.4, 0.4, 0.3, 0.3],
@@ -219,7 +219,7 @@ def test_collapse_signs_and_critic_per_run(workspace):
     for name, (success, spread, entropy, ev) in runs.items():
         lines = [cols, "-1,0.5,,,,,,,"]
         for k in range(8):
-            critic = f"{0.1 + 0.05 * k:.2f}" if ev else ""
+            critic = f"{[0.1, -0.2, 0.0, 0.15, 0.2, 0.3, 0.4, 0.45][k]:.2f}" if ev else ""
             group = spread[k] if name.startswith("grpo") else ""
             lines.append(f"{k},,1.0,{success[k]},{group},{spread[k]},{entropy[k]},2.0,{critic}")
         (root / "plots" / f"train_{name}.csv").write_text("\n".join(lines) + "\n")
@@ -232,5 +232,5 @@ def test_collapse_signs_and_critic_per_run(workspace):
     )
     assert cells(report, "grpo-s1", 1)[6].endswith("converging rather than collapsing")
     p0 = cells(report, "ppo-s0", 1)
-    assert p0[5] == "0.100 -> 0.450" and p0[6].startswith("no sign of collapse (reward std 3 -> 3")
+    assert p0[5] == "0.100 / -0.200 / 0.450" and p0[6].startswith("no sign of collapse (reward std 3 -> 3")
     assert cells(report, "ppo-s1", 1)[1:] == ["-"] * 6  # an old csv: nothing to read

@@ -45,11 +45,14 @@ ENV_FILE = "env.json"
 DEFAULT_LEVEL = "BabyAI-GoToLocalS8N4-v0"
 
 
-def _progress(instr: Any) -> list[Any]:
-    """How far a sequence instruction (``A, then B``, ``A and B``, ``A after you B``) has got: its
-    verifier's ``a_done`` / ``b_done``, recursively; [] for a single instruction."""
+def _progress(instr: Any) -> list[bool]:
+    """How far a sequence instruction (``A, then B``, ``A and B``, ``A after you B``) has got: whether
+    its verifier's ``a_done`` / ``b_done`` is "success", recursively; [] for a single instruction.
+
+    Only "success" is progress: the verifier holds False before the first step and "continue" after
+    it (and "failure" ends the episode), so a revisited state must not see the difference."""
     if hasattr(instr, "instr_a"):
-        return [getattr(instr, "a_done", None), getattr(instr, "b_done", None),
+        return [getattr(instr, "a_done", None) == "success", getattr(instr, "b_done", None) == "success",
                 *_progress(instr.instr_a), *_progress(instr.instr_b)]  # fmt: skip
     return []
 

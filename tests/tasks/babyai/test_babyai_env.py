@@ -13,7 +13,7 @@ from minigrid.core.world_object import Ball, Box, Door, Key
 from minigrid.envs.babyai.core.verifier import GoToInstr, ObjDesc
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
-from components.tasks.babyai import action_text, describe, initial_messages, make_env, parse_action
+from components.tasks.babyai import action_text, describe, initial_messages, make_env, parse_action, state_key
 
 LEVEL = "BabyAI-GoToLocal-v0"
 
@@ -240,6 +240,24 @@ def test_state_key_is_the_world_not_the_text():
     before = env.state_key()
     env.step(action_text(3))
     assert env.state_key() != before and env.state_key().split("|")[0] == before.split("|")[0]
+
+
+@pytest.mark.parametrize("level", ["BabyAI-GoToSeqS5R2-v0", "BabyAI-SynthSeq-v0"])
+def test_state_key_of_a_sequence_level_is_the_world_not_the_verifiers_flags(level):
+    """On a sequence level ("A, then B", "A and B") the verifier's progress flags turn from False to
+    'continue' at the first step though nothing was done: turning left then right comes back to the
+    start state, and so must its key."""
+    env = make_env(level=level)
+    env.reset(row(1))
+    k0 = env.state_key()
+    env.step(action_text(0))
+    assert env.state_key() != k0
+    env.step(action_text(1))
+    assert env.state_key() == k0
+    u = env.env.unwrapped
+    before = state_key(u)
+    u.instrs.a_done = "success"  # a finished first part is progress
+    assert state_key(u) != before
 
 
 def test_level_generation_prints_nothing(monkeypatch, capsys):
