@@ -171,16 +171,22 @@ def local_world(
         remote = RemoteNodes(nodes, world_size) if nodes.count > 1 else None
         watch = RankWatch(ctx, first_rank=1, world_size=world_size, remote=remote)
         try:
-            yield
-            watch.wait_for_ranks()
+            try:
+                yield
+                watch.wait_for_ranks()
+            except BaseException as err:
+                watch.settle(err)
+                raise
+            finally:
+                watch.close()
         except BaseException as err:
-            failure = watch.failure_behind(err)
+            # The watch raises at most one WorldStopped into this thread, and not after close(): if
+            # it landed in the block above (cutting close() short), it is here now.
             watch.close()
-            if failure is not None and err is not failure:
-                raise failure from err
+            if watch.failure is not None and err is not watch.failure:
+                raise watch.failure from err
             raise
         finally:
-            watch.close()
             if dist.is_initialized():  # this world is over: a later world (or vLLM) starts afresh
                 dist.destroy_process_group()
 

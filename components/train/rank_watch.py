@@ -17,9 +17,17 @@ stops the others, SIGTERM then SIGKILL, and says how the rank ended). Then, in t
    exception can reach it), every process below rank 0 is stopped and rank 0 exits with code 1.
 
 So a rank's death ends the stage within ``STOP_GRACE_S`` (+ about 2 s for the join's SIGTERM /
-SIGKILL of the other ranks) whatever rank 0 was doing. ``remote`` (polled every ``poll_s``)
-reports the ranks of other machines (components.train.nodes). A rank that ends with code 0
-before the world does is not a failure (the SFT followers finish their last step and exit).
+SIGKILL of the other ranks) whatever rank 0 was doing, and the stage's exception is
+:class:`RankFailed` naming the rank (raised from what rank 0 was interrupted with). ``remote``
+(polled every ``poll_s``) reports the ranks of other machines (components.train.nodes). A rank
+that ends with code 0 before the world does is not a failure (the SFT followers finish their last
+step and exit). An error of the watch itself (the join, the remote nodes' store) stops the stage
+the same way, with that error instead of :class:`RankFailed`: a watch that cannot watch must not
+let rank 0 take the ranks for finished.
+
+Rank 0 leaving on an error of its own (:meth:`RankWatch.settle`) first gives the watch a moment to
+see a rank failure behind it (a collective fails on rank 0 as soon as its peer's socket closes),
+and from then on no :class:`WorldStopped` is raised into it: the failure is only recorded.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ log = logging.getLogger(__name__)
 
 # Seconds rank 0 has to unwind after a rank's failure before it is stopped by force.
 STOP_GRACE_S = 20.0
+# Seconds rank 0, leaving on an error of its own, gives the watch to find a rank failure behind it
+# (the wait ends as soon as the watch has): ranks of this machine, ranks of other machines.
+SETTLE_S, SETTLE_REMOTE_S = 2.0, 5.0
 
 
 class RankFailed(RuntimeError):
@@ -101,73 +112,96 @@ class RankWatch:
         self._owner = threading.get_ident()
         self._lock = threading.Lock()
         self._closing = False
-        self._joined = threading.Event()  # every spawned rank has ended (or the watch stopped)
+        self._unwinding = False  # rank 0 is leaving on an error of its own: record, raise nothing
+        self._verdict = threading.Event()  # a failure is recorded, or the watch thread has ended
         self._left = threading.Event()  # rank 0 has left the world
-        self.failure: RankFailed | None = None
+        # Why the stage stops: a rank's failure, or the watch's own error (None: no reason yet).
+        self.failure: RankFailed | Exception | None = None
         self._thread = threading.Thread(target=self._run, name="steprl-rank-watch", daemon=True)
         self._thread.start()
 
     # --- the watch thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        local_done = False
         try:
-            while not self._closing:
-                if local_done:  # every local rank ended well: remote ranks are still watched
-                    self._left.wait(self._poll_s)
-                else:
-                    try:
-                        local_done = self._ctx.join(timeout=self._poll_s, grace_period=1.0)
-                    except (ProcessExitedException, ProcessRaisedException) as err:
-                        self._fail(self._describe(err))
-                        return
-                failed = self._remote.failure() if self._remote is not None else None
-                if failed is not None:
-                    self._fail(failed)
-                    return
-                if local_done and (self._remote is None or self._remote.done()):
-                    return
+            self._watch()
+        except Exception as err:  # the watch cannot go on: the ranks are no longer watched
+            self._fail(err)
         finally:
-            self._joined.set()
+            self._verdict.set()
+
+    def _watch(self) -> None:
+        """Until every rank ended well (returns) or one failed (:meth:`_fail`, then returns)."""
+        local_done = False
+        while not self._closing:
+            if local_done:  # every local rank ended well: remote ranks are still watched
+                self._left.wait(self._poll_s)
+            else:
+                try:
+                    local_done = self._ctx.join(timeout=self._poll_s, grace_period=1.0)
+                except (ProcessExitedException, ProcessRaisedException) as err:
+                    self._fail(self._describe(err))
+                    return
+            failed = self._remote.failure() if self._remote is not None else None
+            if failed is not None:
+                self._fail(failed)
+                return
+            if local_done and (self._remote is None or self._remote.done()):
+                return
 
     def _describe(self, err: ProcessExitedException | ProcessRaisedException) -> RankFailed:
         return RankFailed(self._first + err.error_index, self._world, err.error_pid, how_it_ended(err))
 
-    def _fail(self, failure: RankFailed) -> None:
+    def _fail(self, failure: RankFailed | Exception) -> None:
+        """Record why the stage stops and stop rank 0's thread (unless it is already leaving)."""
         with self._lock:
-            if self._closing:  # rank 0 is already leaving (its own error): it stopped the ranks
+            if self._closing:  # rank 0 has left (its own error): it stopped the ranks
                 return
             self.failure = failure
-            log.error(f"error: {failure}: stopping the stage")
-            _raise_in_thread(self._owner, WorldStopped)
+            self._verdict.set()
+            if isinstance(failure, RankFailed):
+                log.error(f"error: {failure}: stopping the stage")
+            else:
+                log.error(
+                    f"error: the rank watch failed ({type(failure).__name__}: {failure}): stopping the stage"
+                )
+            if not self._unwinding:
+                _raise_in_thread(self._owner, WorldStopped)
         if self._left.wait(self._grace_s):
             return
+        what = f"rank {failure.rank}" if isinstance(failure, RankFailed) else "the rank watch"
         log.error(
-            f"error: rank 0 did not stop within {self._grace_s:.0f} s of the failure of rank "
-            f"{failure.rank}: stopping its processes and exiting"
+            f"error: rank 0 did not stop within {self._grace_s:.0f} s of the failure of {what}: "
+            "stopping its processes and exiting"
         )
         stop_descendants(grace_s=2.0)
         os._exit(1)
 
     # --- rank 0's side ---------------------------------------------------------------------------
     def wait_for_ranks(self) -> None:
-        """Rank 0 is done: wait until the spawned ranks end; raise :class:`RankFailed` if one failed.
-        Waits in short steps, so that a failure's :class:`WorldStopped` can reach this thread."""
-        while not self._joined.wait(self._poll_s):
+        """Rank 0 is done: wait until the spawned ranks end; raise :attr:`failure` if one failed (or
+        the watch did). Waits in short steps, so that a failure's :class:`WorldStopped` can reach
+        this thread."""
+        while not self._verdict.wait(self._poll_s):
             pass
         if self.failure is not None:
             raise self.failure
 
-    def failure_behind(self, err: BaseException) -> RankFailed | None:
-        """The rank failure behind rank 0's exception ``err``, if there is one. A collective fails
-        on rank 0 as soon as its peer's socket closes, maybe before the watch has seen the process
-        end: it is given 2 s to see it (5 s when ranks on other machines report through the store)."""
+    def settle(self, err: BaseException) -> None:
+        """Rank 0 is leaving on ``err``: from now on a failure is recorded, not raised into this
+        thread. A collective fails on rank 0 as soon as its peer's socket closes, maybe before the
+        watch has seen the process end: unless ``err`` is Ctrl-C or a failure is known already, the
+        watch is given up to :data:`SETTLE_S` (:data:`SETTLE_REMOTE_S` when ranks on other
+        machines report through the store) to find one; the wait ends as soon as it does (or the
+        watch ends)."""
+        with self._lock:
+            self._unwinding = True
         if self.failure is None and not isinstance(err, KeyboardInterrupt):
-            self._joined.wait(2.0 if self._remote is None else 5.0)
-        return self.failure
+            self._verdict.wait(SETTLE_S if self._remote is None else SETTLE_REMOTE_S)
 
     def close(self) -> None:
         """Rank 0 leaves the world (normally or not): stop watching, stop the ranks still running
-        (SIGTERM, SIGKILL after 5 s), cancel a :class:`WorldStopped` not yet delivered."""
+        (SIGTERM, SIGKILL after 5 s), cancel a :class:`WorldStopped` not yet delivered. Safe to call
+        again (a :class:`WorldStopped` delivered inside it cuts it short)."""
         with self._lock:
             self._closing = True
             if self.failure is not None and threading.get_ident() == self._owner:
