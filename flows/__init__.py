@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# Seconds a stage (or `make repro`) waits for the Prefect server it starts to answer.
+PREFECT_STARTUP_TIMEOUT_S = 600
 
 
 def processed(task: str) -> Path:
@@ -23,7 +25,10 @@ def processed(task: str) -> Path:
 
 
 os.environ.setdefault("PREFECT_HOME", str(REPO / ".prefect"))
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+# Without PREFECT_API_URL each stage starts a temporary Prefect server and waits for it: on a busy
+# machine (a fresh .prefect/ database, both cores taken) that took over 2 minutes, so the wait is long
+# enough for a busy machine to slow a stage down instead of failing it.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_TIMEOUT_S))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "components")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -14,12 +14,18 @@ set (a running `make serve`), the command runs against that server and nothing i
 
 ``--profile NAME`` runs ``dvc exp run`` with one ``-S key=value`` per entry of ``profiles.NAME`` in
 params.yaml (then any further arguments, e.g. more ``-S``), after checking the profile there.
+``-h`` / ``--help`` (before ``--``) prints this text and starts nothing.
+
+The command runs with this interpreter's directory first on PATH, so that the venv's ``dvc`` and,
+in the stages DVC starts, its ``python`` are found when the venv is not activated
+(``.venv/bin/python -m flows.repro``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,10 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from flows import REPO
+from flows import PREFECT_STARTUP_TIMEOUT_S, REPO
 from flows.serve import get_json
-
-STARTUP_TIMEOUT_S = 180.0
 
 
 def free_port() -> int:
@@ -63,7 +67,7 @@ def start_server(port: int, log: Path) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + PREFECT_STARTUP_TIMEOUT_S
     while get_json(f"http://127.0.0.1:{port}/api/health")[0] != 200:
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_server(proc)
@@ -89,6 +93,15 @@ def stop_server(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
         pass
 
 
+def command_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this interpreter's bin directory (the venv's) first on PATH."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    if path.split(os.pathsep)[:1] == [bin_dir]:
+        return env
+    return {**env, "PATH": bin_dir + os.pathsep + path if path else bin_dir}
+
+
 def profile_command(name: str, extra: list[str], params: Path) -> list[str]:
     """``dvc exp run -S key=value ...`` of ``profiles.<name>`` (values in JSON, which DVC's override
     grammar reads), then ``extra``. Raises ConfigError naming the profile when it is unknown or invalid."""
@@ -104,6 +117,9 @@ def profile_command(name: str, extra: list[str], params: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv[: argv.index("--")] if "--" in argv else argv):
+        print(__doc__.strip())
+        return 0
     if argv[:1] == ["--profile"] and len(argv) >= 2:
         from components.config import ConfigError
 
@@ -119,14 +135,22 @@ def main(argv: list[str] | None = None) -> int:
     # MLflow store, not to a copy that is deleted with them.
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{REPO / 'mlflow' / 'mlflow.db'}")
     (REPO / "mlflow").mkdir(exist_ok=True)
+    env = command_env(dict(os.environ))
+    if shutil.which(command[0], path=env["PATH"]) is None:
+        print(
+            f"error: repro: {command[0]!r} is neither next to {sys.executable} nor on PATH: run "
+            "`make setup` (it installs dvc into .venv) and start this with .venv/bin/python",
+            file=sys.stderr,
+        )
+        return 127
     if os.environ.get("PREFECT_API_URL"):
-        return subprocess.call(command, cwd=REPO)
+        return subprocess.call(command, cwd=REPO, env=env)
     port = free_port()
     t0 = time.monotonic()
     server = start_server(port, REPO / ".prefect" / "repro-server.log")
     print(f"repro: Prefect server on 127.0.0.1:{port} ({time.monotonic() - t0:.0f} s to start)", flush=True)
     try:
-        env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+        env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
         return subprocess.call(command, cwd=REPO, env=env)
     except KeyboardInterrupt:
         return 130

@@ -122,6 +122,33 @@ def fingerprint(
     }
 
 
+def prompts_per_iteration(params: Params, algo: str) -> int:
+    """The prompts an iteration's batch needs: trajectories_per_iteration / samples_per_prompt."""
+    return max(params.train.trajectories_per_iteration // params.algorithms[algo].samples_per_prompt, 1)
+
+
+def prompt_pool_note(params: Params, algo: str, pool: int) -> str | None:
+    """What the RL prompt pool (``pool`` rows: the train split after sft.rows) cuts short, if
+    anything: each iteration samples its prompts from it without replacement, so a batch (or dynamic
+    sampling's further rounds) never holds more than ``pool`` prompts."""
+    need = prompts_per_iteration(params, algo)
+    spp = params.algorithms[algo].samples_per_prompt
+    if need > pool:
+        return (
+            f"train.trajectories_per_iteration={params.train.trajectories_per_iteration} asks for {need} "
+            f"prompts per iteration (algorithms.{algo}.samples_per_prompt={spp}) but the RL prompt pool "
+            f"(the train split after sft.rows) holds {pool}: each iteration plays {pool} prompts, "
+            f"{pool * spp} trajectories"
+        )
+    bound = group_filter(params).bound(need)
+    if bound > pool:
+        return (
+            f"train.dynamic_sampling / std_filter_keep may sample up to {bound} prompt groups per "
+            f"iteration, the RL prompt pool holds {pool}: an iteration stops sampling at {pool}"
+        )
+    return None
+
+
 # --- tasks ---------------------------------------------------------------------------------------
 @task(cache_key_fn=content_key("policy", "train_split", ignore=("session",)), persist_result=True)
 def rollout(
@@ -133,7 +160,7 @@ def rollout(
     table's path and the iteration's ``filter/*`` and ``collapse/*`` metrics (of every played group)."""
     spec = get_task(params.task)
     a, t, r = params.algorithms[algo], params.train, params.rollout
-    need = max(t.trajectories_per_iteration // a.samples_per_prompt, 1)
+    need = prompts_per_iteration(params, algo)
     rule = group_filter(params)
     rows = rl_prompts(pl.read_parquet(train_split), params).to_dicts()
     stream = random.Random(params.seed * 100_003 + k).sample(rows, min(rule.bound(need), len(rows)))
@@ -333,6 +360,10 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
         print(
             f"{name}: {world} data-parallel ranks on {nodes.count} machine(s), {threads} torch thread(s) each"
         )
+    pool = rl_prompts(pl.read_parquet(processed(params.task) / "train.parquet"), params).height
+    note = prompt_pool_note(params, algo, pool)
+    if note is not None:
+        print(f"{name}: {note}")
     agreed = _summary(nodes, params, algo)
     with local_world(world, _follower, (params, algo, threads), nodes=nodes, summary=agreed):  # rank 0
         return _run(params, algo, rl_seed, sft_seed, name, run)

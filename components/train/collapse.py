@@ -103,5 +103,10 @@ def read_trend(series: dict[str, Sequence[float]], window: int | None = None) ->
     what = ", ".join(f"{n} fell {t}" for n, t in fell.items())
     if success is not None and success.last < success.first:
         return f"collapsing: {what} while training success fell {success}"
-    rose = f" while training success rose {success}" if success is not None else ""
-    return f"{what}{rose}: converging rather than collapsing"
+    if success is None:
+        moved = ""
+    elif success.last > success.first:
+        moved = f" while training success rose {success}"
+    else:
+        moved = f" while training success held at {success.last:.3g}"
+    return f"{what}{moved}: converging rather than collapsing"

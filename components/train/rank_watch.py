@@ -161,7 +161,9 @@ class RankWatch:
             if isinstance(failure, RankFailed):
                 log.error(f"error: {failure}: stopping the stage")
             else:
-                log.error(f"error: the rank watch failed ({type(failure).__name__}: {failure}): stopping the stage")
+                log.error(
+                    f"error: the rank watch failed ({type(failure).__name__}: {failure}): stopping the stage"
+                )
             if not self._unwinding:
                 _raise_in_thread(self._owner, WorldStopped)
         if self._left.wait(self._grace_s):

@@ -7,6 +7,8 @@ When everything is up it prints ``READY <json>`` (the pids) and then, as the sce
 - ``rollout``: rank 0 runs Python code outside any collective (as during a rollout) until stopped;
 - ``blocked``: rank 0 sleeps in C (no exception can reach it) with a 3 s stop grace;
 - ``raise``: rank 1 raises an exception after READY;
+- ``collective``: rank 0 waits in a barrier that rank 1 (asleep) never enters, so that rank 1's
+  death fails rank 0's collective (the peer's socket closes) as the watch sees the process end;
 - ``vllm``: as ``rollout``, with an own-process vLLM engine generating (the train stage's), built
   from a tiny model in the directory given as the second argument.
 """
@@ -31,6 +33,8 @@ def _follower(rank: int, scenario: str) -> None:
     if scenario == "raise":
         time.sleep(1.0)
         raise ValueError("a follower's own error")
+    if scenario == "collective":
+        time.sleep(600)
     box = [None]
     dist.broadcast_object_list(box, src=0)  # the next mirrored call, which never comes
 
@@ -71,6 +75,8 @@ def main(scenario: str, workdir: str | None = None) -> None:
         print("READY " + json.dumps({"rank0": os.getpid(), "followers": follower}), flush=True)
         if scenario == "blocked":
             time.sleep(600)
+        if scenario == "collective":
+            torch.distributed.barrier()
         while True:
             if engine is not None:
                 from components.rollout import SamplingConfig

@@ -72,6 +72,11 @@ def test_read_trend_tells_collapse_from_convergence():
     )
     converging = {**falling, "success": [0.6, 0.6, 0.9, 0.9]}
     assert read_trend(converging).endswith("converging rather than collapsing")
+    assert "while training success rose 0.6 -> 0.9" in read_trend(converging)
+    flat = {**falling, "success": [0.6, 0.6, 0.6, 0.6]}
+    assert read_trend(flat).endswith(
+        "entropy fell 0.2 -> 0.05 while training success held at 0.6: converging rather than collapsing"
+    )
     steady = {
         "reward_std": [4, 4, 3.5, 3.5],
         "entropy": [0.2, 0.2, 0.19, 0.19],

@@ -116,6 +116,19 @@ def test_a_killed_follower_stops_rank_0_outside_any_collective(world) -> None:
     assert w.left_behind(within=5.0) == []
 
 
+def test_a_follower_killed_while_rank_0_is_in_a_collective_ends_the_stage_with_rank_failed(world) -> None:
+    w = world("collective")
+    (follower,) = w.ready(timeout=300)["followers"]
+    os.kill(follower, signal.SIGKILL)
+    code = w.proc.wait(timeout=BOUND_S + 30)
+    err = w.stderr()
+    assert code == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]  # the exception the stage ended with (torch prefixes "[rank0]: ")
+    failed = f"components.train.rank_watch.RankFailed: rank 1 of 2 (pid {follower}) was killed by SIGKILL"
+    assert last.endswith(failed), err[-3000:]
+    assert w.left_behind(within=5.0) == []
+
+
 def test_a_follower_error_is_named_with_its_exception(world) -> None:
     w = world("raise")
     w.ready(timeout=300)

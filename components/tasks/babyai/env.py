@@ -143,8 +143,9 @@ def make_env(
     invalid_penalty: float = -0.1,
 ) -> GymTextEnv:
     """A fresh babyai environment (``row`` is accepted for the common factory signature; reset() takes
-    the row). The level and the invalid-action penalty come from the prepare output
-    (``data_dir/env.json``, written from ``tasks.babyai``) unless given here; ``malformed_penalty``
+    the row). ``level``, ``env_max_steps`` and ``invalid_penalty`` are the settings when ``data_dir``
+    holds no prepare output (the generator, tests); when it does, ``data_dir/env.json`` (written from
+    ``tasks.babyai``) replaces them: the data were made with its settings. ``malformed_penalty``
     (train.malformed_penalty, <= 0) is added to an invalid action's penalty."""
     settings: dict[str, Any] = {
         "level": level,

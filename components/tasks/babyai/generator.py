@@ -9,7 +9,10 @@ the last one by nothing: the mission is done) and ``weak`` (weaker demonstration
 The expert is minigrid's own ``BabyAIBot``, run on the very environment the model plays (the text
 environment's minigrid env), so a demonstration replays exactly. A level is kept only when the bot
 completes it within ``max_moves`` actions; the others are dropped and counted (:class:`BotTally`,
-saved by prepare as ``bot.json``).
+saved by prepare as ``bot.json``). The bot giving up (its own assertions, a box it opened) is "not
+done"; any other exception of the bot (a minigrid API change, a bug) is a bot error, counted apart
+(``bot_errors``, the first one's text in ``first_bot_error``) and logged; when every level tried
+ends in one, the stage fails naming it.
 
 The weaker demonstrator is the bot with random detours: each turn, with probability ``weak_epsilon``,
 a uniformly random move (turn left, turn right, go forward) instead of the bot's action; the bot is told
@@ -24,13 +27,14 @@ each skipping a level (its start state and mission) already taken, so no level i
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
-from minigrid.utils.baby_ai_bot import BabyAIBot
+from minigrid.utils.baby_ai_bot import BabyAIBot, DisappearedBoxError
 
 from components.envs.gym_text import GymTextEnv
 from components.io import write_json
@@ -40,7 +44,9 @@ from components.tasks.babyai.params import BabyAIParams
 from components.tasks.babyai.text import ACTIONS, action_text
 from components.tasks.demonstrations import encode
 
-__all__ = ["BotTally", "bot_episode", "make_splits"]
+__all__ = ["BotError", "BotTally", "bot_episode", "make_splits"]
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("test", "val", "train")
 BOT_FILE = "bot.json"
@@ -48,17 +54,26 @@ BOT_FILE = "bot.json"
 DETOURS = (0, 1, 2)
 # Seeds tried per wanted level before giving up (a level the bot cannot do at all).
 MAX_TRIES_PER_LEVEL = 50
+# How minigrid's BabyAIBot gives up on a level it cannot do: its assertions, a box it opened.
+BOT_GIVES_UP = (AssertionError, DisappearedBoxError)
+
+
+class BotError(RuntimeError):
+    """minigrid's BabyAIBot raised something other than giving up (:data:`BOT_GIVES_UP`)."""
 
 
 @dataclass
 class BotTally:
     """What became of the levels the generator tried: the bot completed it within ``max_moves``
-    actions (kept, unless a level already taken), completed it in more, or failed."""
+    actions (kept, unless a level already taken), completed it in more, did not (gave up or ran out
+    of moves), or raised an error (``bot_errors``; ``first_bot_error`` says what)."""
 
     tried: int = 0
     solved: int = 0
     within_max_moves: int = 0
     duplicates: int = 0
+    bot_errors: int = 0
+    first_bot_error: str | None = None
 
     def rates(self) -> dict[str, float | int]:
         out: dict[str, float | int] = asdict(self)
@@ -78,20 +93,25 @@ def bot_episode(
     """Play ``row``'s level with minigrid's BabyAIBot through the text environment ``env`` (with
     probability ``epsilon`` per turn a random move from ``rng`` instead of the bot's action): the
     messages after the first user prompt and the actions, or None when the mission is not done within
-    ``limit`` actions (or the bot gives up, or fails on this level)."""
+    ``limit`` actions (or the bot gives up: :data:`BOT_GIVES_UP`). Any other exception of the bot
+    raises :class:`BotError` naming the level."""
     env.reset(row)
     try:
         bot = BabyAIBot(env.env)
-    except Exception:  # the bot cannot parse this level's instruction: not a level it does
+    except BOT_GIVES_UP:  # the bot cannot parse this level's instruction: not a level it does
         return None
+    except Exception as err:
+        raise _bot_error(err, row) from err
     messages: list[dict[str, str]] = []
     actions: list[int] = []
     taken: int | None = None
     while len(actions) < limit:
         try:
             suggested = int(bot.replan(taken))
-        except Exception:  # the bot's own assertions (e.g. a box it opened): it cannot go on
+        except BOT_GIVES_UP:  # the bot's own assertions (e.g. a box it opened): it cannot go on
             return None
+        except Exception as err:
+            raise _bot_error(err, row) from err
         if suggested not in range(len(ACTIONS)):  # "done" before the mission is: a failure
             return None
         action = rng.choice(DETOURS) if rng is not None and rng.random() < epsilon else suggested
@@ -104,6 +124,24 @@ def bot_episode(
             return (messages, actions) if out.info["correct"] else None
         messages.extend(out.messages)
     return None
+
+
+def _bot_error(err: Exception, row: dict[str, Any]) -> BotError:
+    return BotError(
+        f"BabyAIBot raised {type(err).__name__}: {err} (level {row['level']}, seed {row['seed']})"
+    )
+
+
+def _play(env: GymTextEnv, row: dict[str, Any], tally: BotTally, **kwargs: Any):
+    """:func:`bot_episode`, with a bot error counted in ``tally`` and logged (then: None)."""
+    try:
+        return bot_episode(env, row, **kwargs)
+    except BotError as err:
+        tally.bot_errors += 1
+        if tally.first_bot_error is None:
+            tally.first_bot_error = str(err)
+            log.warning(f"tasks.babyai: {err}: counted as a bot error, not as a level not done")
+        return None
 
 
 def _level_key(env: GymTextEnv) -> str:
@@ -130,9 +168,14 @@ def make_splits(
         budget = MAX_TRIES_PER_LEVEL * max(sizes[split], 1)
         while len(rows) < sizes[split]:
             if budget == 0:
+                errors = (
+                    f" ({tally.bot_errors} ended in a bot error, the first: {tally.first_bot_error})"
+                    if tally.bot_errors
+                    else ""
+                )
                 raise ValueError(
                     f"tasks.babyai: the bot completed {tally.within_max_moves} of {tally.tried} "
-                    f"{p.level} levels within max_moves={p.max_moves} actions; too few for the "
+                    f"{p.level} levels within max_moves={p.max_moves} actions{errors}; too few for the "
                     f"{split} split ({sizes[split]} rows): raise max_moves or pick another level"
                 )
             budget -= 1
@@ -143,7 +186,13 @@ def make_splits(
             if key in seen:
                 tally.duplicates += 1
                 continue
-            played = bot_episode(env, row, limit=max(p.max_moves, 1000))
+            played = _play(env, row, tally, limit=max(p.max_moves, 1000))
+            played_levels = tally.tried - tally.duplicates
+            if tally.solved == 0 and tally.bot_errors == played_levels >= MAX_TRIES_PER_LEVEL:
+                raise BotError(
+                    f"tasks.babyai: every one of the {played_levels} {p.level} levels played ended in "
+                    f"a bot error, the first: {tally.first_bot_error}"
+                )
             if played is None:
                 continue
             tally.solved += 1
@@ -157,9 +206,10 @@ def make_splits(
                 n = int(p.weak_per_question) + (weak_rng.random() < p.weak_per_question % 1)
                 for _ in range(n):
                     for _try in range(5):
-                        detour = bot_episode(
+                        detour = _play(
                             env,
                             row,
+                            tally,
                             limit=p.max_moves + p.weak_extra_moves,
                             rng=weak_rng,
                             epsilon=p.weak_epsilon,
@@ -186,4 +236,9 @@ def make_splits(
         Path(data_dir).mkdir(parents=True, exist_ok=True)
         write_json(settings, Path(data_dir) / ENV_FILE)
         write_json({"level": p.level, "max_moves": p.max_moves, **tally.rates()}, Path(data_dir) / BOT_FILE)
+    if tally.bot_errors:
+        log.warning(
+            f"tasks.babyai: {tally.bot_errors} bot errors in {tally.tried} levels tried (bot.json's "
+            f"bot_errors; the first: {tally.first_bot_error})"
+        )
     return {k: out[k] for k in ("train", "val", "test")}

@@ -22,7 +22,7 @@ __all__ = ["episode_metrics"]
 
 
 def episode_metrics(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    by_traj = by_trajectory(steps, ("traj_id", "step"))
+    by_traj = by_trajectory(steps)
     n = max(len(by_traj), 1)
     solved, turns_solved, invalid, turns, ret = 0, 0, 0.0, 0, 0.0
     for traj in by_traj.values():

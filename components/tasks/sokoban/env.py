@@ -184,10 +184,11 @@ def make_env(
     success_reward: float = 10.0,
     blocked_note: bool = False,
 ) -> GymTextEnv:
-    """A fresh sokoban environment (``row`` and ``data_dir`` are accepted for the common factory
-    signature; reset() takes the row). ``malformed_penalty`` (train.malformed_penalty, <= 0) is added to
-    the step penalty of an invalid action. The reward settings come from the prepare output
-    (``data_dir/env.json``, written from ``tasks.sokoban``) unless given here."""
+    """A fresh sokoban environment (``row`` is accepted for the common factory signature; reset()
+    takes the row). ``malformed_penalty`` (train.malformed_penalty, <= 0) is added to the step penalty
+    of an invalid action. The reward settings and ``blocked_note`` given here are the settings when
+    ``data_dir`` holds no prepare output (the generator, tests); when it does, ``data_dir/env.json``
+    (written from ``tasks.sokoban``) replaces them: the data were made with its settings."""
     settings = {
         "step_penalty": step_penalty,
         "box_on_target": box_on_target,

@@ -296,3 +296,12 @@ def test_settings_come_from_the_prepare_output(tmp_path):
     env.reset(row(1))
     assert env.env.unwrapped.max_steps == 20 and type(env.env.unwrapped).__name__ == "GoToObj"
     assert env.step("nonsense").reward == pytest.approx(-0.3)
+
+
+def test_the_prepare_outputs_settings_replace_the_arguments(tmp_path):
+    assert make_env(level=LEVEL, invalid_penalty=-0.5).invalid_reward == pytest.approx(-0.5)
+    saved = {"level": "BabyAI-GoToLocalS8N4-v0", "env_max_steps": None, "invalid_penalty": -0.2}
+    (tmp_path / "env.json").write_text(json.dumps(saved))
+    env = make_env(data_dir=tmp_path, level=LEVEL, invalid_penalty=-0.5)
+    assert env.invalid_reward == pytest.approx(-0.2)  # the data were made with env.json's settings
+    assert env.env.spec.id == "BabyAI-GoToLocalS8N4-v0"

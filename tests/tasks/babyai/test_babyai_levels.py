@@ -4,9 +4,11 @@ episode metrics by hand, the params section."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 
 import pytest
+from minigrid.utils.baby_ai_bot import BabyAIBot
 from pydantic import ValidationError
 
 from components.tasks.babyai import generator, initial_messages, make_env
@@ -100,6 +102,8 @@ def test_episode_metrics_by_hand():
     )
     with pytest.raises(ValueError, match="step record 0 has no 'traj_id'"):
         episode_metrics([{"step": 0}])
+    without_step = [{k: v for k, v in s.items() if k != "step"} for s in steps]  # a key never read
+    assert episode_metrics(without_step) == episode_metrics(steps)
 
 
 def test_params_name_what_is_wrong():
@@ -110,3 +114,39 @@ def test_params_name_what_is_wrong():
     with pytest.raises(ValidationError, match=r"env_max_steps=8 < max_moves=12"):
         BabyAIParams(env_max_steps=8)
     assert BabyAIParams(level="BabyAI-PickupLoc-v0").turns_needed() == 12
+
+
+class _BrokenBot(BabyAIBot):
+    """minigrid's bot after an API change: its replan raises TypeError on every ``every``-th level."""
+
+    made = 0
+    every = 1
+
+    def __init__(self, env) -> None:
+        super().__init__(env)
+        type(self).made += 1
+        self.broken = type(self).made % type(self).every == 0
+
+    def replan(self, action_taken=None):
+        if self.broken:
+            raise TypeError("replan() got an unexpected keyword argument")
+        return super().replan(action_taken)
+
+
+def test_bot_errors_are_counted_apart_from_levels_not_done(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(generator, "BabyAIBot", type("SometimesBroken", (_BrokenBot,), {"every": 3}))
+    with caplog.at_level(logging.WARNING, logger=generator.__name__):
+        make_splits(BabyAIParams(), seed=0, n_train=6, n_val=2, n_test=2, data_dir=tmp_path)
+    tally = json.loads((tmp_path / "bot.json").read_text())
+    assert tally["bot_errors"] > 0 and tally["within_max_moves"] == 10
+    assert tally["first_bot_error"].startswith("BabyAIBot raised TypeError: replan() got an unexpected")
+    assert f"{tally['bot_errors']} bot errors in {tally['tried']} levels tried" in caplog.text
+
+
+def test_a_bot_that_errors_on_every_level_fails_naming_the_error(monkeypatch):
+    monkeypatch.setattr(generator, "BabyAIBot", _BrokenBot)
+    monkeypatch.setattr(generator, "MAX_TRIES_PER_LEVEL", 3)
+    with pytest.raises(
+        RuntimeError, match=r"every one of the 3 .* levels played ended in a bot error.*TypeError"
+    ):
+        make_splits(BabyAIParams(), seed=0, n_train=1, n_val=1, n_test=1)

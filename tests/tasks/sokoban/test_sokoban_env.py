@@ -210,3 +210,12 @@ def test_episode_metrics_by_hand():
             "return": (10.8 + -1.3) / 2,
         }
     )
+
+
+def test_the_prepare_outputs_settings_replace_the_arguments(tmp_path):
+    assert make_env(step_penalty=-0.5).invalid_reward == pytest.approx(-0.5)  # no env.json: the arguments
+    (tmp_path / "env.json").write_text(json.dumps({"step_penalty": -0.2, "blocked_note": True}))
+    env = make_env(data_dir=tmp_path, step_penalty=-0.5, blocked_note=False)
+    assert env.invalid_reward == pytest.approx(-0.2)  # the data were made with env.json's settings
+    env.reset({**ROW, "level": "######\n#@$#.#\n######"})
+    assert env.step(act("right")).messages[0]["content"].startswith("Nothing moved.\n")
