@@ -47,7 +47,7 @@ from components.algos.tensor_ops import (
     GROUP_STD_EPS,
     dense_ids,
     discounted_reverse_cumsum,
-    group_stats,
+    group_center,
     per_token,
     place_on_last_token,
     shift_left,
@@ -270,10 +270,11 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
 
 
 def _episode_scores(b: StepBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """S_tau (N,) and its group mean, std, size (N,) each (singleton: mean 0, std 1)."""
+    """S_tau (N,), S_tau - mean_g S (exactly 0 in a group of equal scores), std_g S and group size (N,)
+    each (singleton: mean 0, std 1)."""
     S = b.step_rewards.new_zeros(b.layout.num_traj).index_add_(0, b.layout.traj, b.step_rewards)  # (N,)
-    mean, std, n = group_stats(S, b.layout.traj_group)
-    return S, mean, std, n
+    centred, std, n = group_center(S, b.layout.traj_group)
+    return S, centred, std, n
 
 
 def _trajectory_output(b: StepBatch, adv_traj: Tensor, S: Tensor) -> AdvantageOutput:
@@ -294,22 +295,22 @@ def _discounted_step_returns(b: StepBatch) -> Tensor:
 @_estimator("grpo", needs_groups=True)
 def grpo(b: StepBatch) -> AdvantageOutput:
     """A_tau = (S_tau - mean_g S) / (std_g S + 1e-6), on every token of every step."""
-    S, mean, std, _ = _episode_scores(b)
-    return _trajectory_output(b, (S - mean) / (std + GROUP_STD_EPS), S)
+    S, centred, std, _ = _episode_scores(b)
+    return _trajectory_output(b, centred / (std + GROUP_STD_EPS), S)
 
 
 @_estimator("dr_grpo", needs_groups=True)
 def dr_grpo(b: StepBatch) -> AdvantageOutput:
     """A_tau = S_tau - mean_g S (no std division)."""
-    S, mean, _, _ = _episode_scores(b)
-    return _trajectory_output(b, S - mean, S)
+    S, centred, _, _ = _episode_scores(b)
+    return _trajectory_output(b, centred, S)
 
 
 @_estimator("rloo", needs_groups=True)
 def rloo(b: StepBatch) -> AdvantageOutput:
     """A_tau = n/(n-1) (S_tau - mean_g S) = S_tau - mean of the other n-1 trajectories."""
-    S, mean, _, n = _episode_scores(b)
-    return _trajectory_output(b, n / (n - 1).clamp(min=1) * (S - mean), S)
+    S, centred, _, n = _episode_scores(b)
+    return _trajectory_output(b, n / (n - 1).clamp(min=1) * centred, S)
 
 
 @_estimator("reinforce")
@@ -334,8 +335,8 @@ def reinforce_pp(b: StepBatch) -> AdvantageOutput:
 @_estimator("reinforce_pp_baseline", needs_groups=True)
 def reinforce_pp_baseline(b: StepBatch) -> AdvantageOutput:
     """A = whiten over response tokens of (S_tau - mean_g S)."""
-    S, mean, _, _ = _episode_scores(b)
-    out = _trajectory_output(b, S - mean, S)
+    S, centred, _, _ = _episode_scores(b)
+    out = _trajectory_output(b, centred, S)
     A = whiten(out.advantages, b.mask) if b.norm_adv else out.advantages
     return AdvantageOutput(A, out.returns, out.step_returns)
 
@@ -378,11 +379,11 @@ def gigpo(b: StepBatch) -> AdvantageOutput:
     ``obs_index`` ids are paired with the prompt group here, so the same id in two prompt groups never
     joins their steps; rows of one prompt group with equal ids form one step group whatever their
     trajectory or step index (a state revisited within a trajectory included)."""
-    S, mean, std, _ = _episode_scores(b)
-    a_episode = ((S - mean) / (std + GROUP_STD_EPS))[b.layout.traj]  # (B,)
+    _, centred, std, _ = _episode_scores(b)
+    a_episode = (centred / (std + GROUP_STD_EPS))[b.layout.traj]  # (B,)
     G = _discounted_step_returns(b)  # (B,)
     step_group, _ = dense_ids(b.layout.traj_group[b.layout.traj], b.obs_index.long())  # (B,)
-    g_mean, g_std, _ = group_stats(G, step_group)
-    a_step = G - g_mean if b.step_norm == "mean" else (G - g_mean) / (g_std + GROUP_STD_EPS)  # (B,)
+    g_centred, g_std, _ = group_center(G, step_group)
+    a_step = g_centred if b.step_norm == "mean" else g_centred / (g_std + GROUP_STD_EPS)  # (B,)
     A = a_episode + b.step_weight * a_step  # (B,)
     return AdvantageOutput(per_token(A, b.mask), per_token(G, b.mask), G)

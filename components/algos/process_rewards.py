@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from components.algos.step_layout import StepLayout
-from components.algos.tensor_ops import GROUP_STD_EPS, dense_ids, discounted_reverse_cumsum, group_stats
+from components.algos.tensor_ops import GROUP_STD_EPS, dense_ids, discounted_reverse_cumsum, group_center
 
 __all__ = ["normalize_process_rewards", "process_return"]
 
@@ -41,8 +41,8 @@ def normalize_process_rewards(
         return out
     ids, _ = dense_ids(group[scored].long())  # (K,)
     p = rewards[scored]  # (K,)
-    mean, std, _ = group_stats(p, ids)
-    out[scored] = (p - mean) / (std + GROUP_STD_EPS)
+    centred, std, _ = group_center(p, ids)  # exactly 0 in a group of equal scores
+    out[scored] = centred / (std + GROUP_STD_EPS)
     return out
 
 

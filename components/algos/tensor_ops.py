@@ -19,6 +19,7 @@ __all__ = [
     "WHITEN_EPS",
     "dense_ids",
     "discounted_reverse_cumsum",
+    "group_center",
     "group_stats",
     "masked_mean",
     "per_token",
@@ -29,6 +30,7 @@ __all__ = [
 
 GROUP_STD_EPS = 1e-6  # A = (S - mean_g) / (std_g + GROUP_STD_EPS)
 WHITEN_EPS = 1e-8  # whiten(x) = (x - mean) / (std + WHITEN_EPS)
+EQUAL_REL_TOL = 1e-5  # a group whose spread is at most this share of its largest |x| holds equal values
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -74,6 +76,20 @@ def group_stats(x: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     mean_k = torch.where(single, torch.zeros_like(x), mean[group])
     std_k = torch.where(single, torch.ones_like(x), var[group].sqrt())
     return mean_k, std_k, n
+
+
+def group_center(x: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x - group mean (K,), with the group's unbiased std and size as ``group_stats`` gives them.
+
+    A group of two or more values whose spread (max - min) is at most ``EQUAL_REL_TOL`` of its largest
+    |x| centres to exactly 0: the float32 mean of equal values can miss them by one ulp, which a
+    division by std + 1e-6 would blow up into an advantage (docs/algorithms.md, notation)."""
+    mean, std, n = group_stats(x, group)
+    n_groups = int(group.max()) + 1
+    hi = x.new_full((n_groups,), float("-inf")).scatter_reduce(0, group, x, "amax")  # (G,)
+    lo = x.new_full((n_groups,), float("inf")).scatter_reduce(0, group, x, "amin")  # (G,)
+    equal = ((hi - lo) <= EQUAL_REL_TOL * torch.maximum(hi.abs(), lo.abs()))[group] & (n > 1)  # (K,)
+    return torch.where(equal, torch.zeros_like(x), x - mean), std, n
 
 
 def discounted_reverse_cumsum(x: Tensor, factor: float) -> Tensor:
