@@ -151,7 +151,7 @@ def problem_results(
     for name in per:
         schema |= {f"{name}_correct": pl.Float64, f"{name}_n": pl.Int64}
     loops = {"loop_rate": greedy, **{f"{name}_loop_rate": records for name, records in protocols.items()}}
-    if episode_loops(greedy):
+    if any(step.get("obs_key") for step in greedy):  # the environment gives state keys
         for column, records in loops.items():
             rates = _problem_loop_rates(records)
             for row in rows:
