@@ -430,13 +430,15 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
 
 
 def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run_id: str | None):
-    """The run's MLflow run: the shared sections train, rollout and evaluate as they are, ``seed`` (the RL seed:
-    ``params.seed`` is already replaced here; the SFT model's seed is the tag ``steprl.sft_seed``) and
-    this algorithm's parts under ``algo.*`` (:func:`algo_params`); no other algorithm's block."""
+    """The run's MLflow run: the shared sections train, rollout, evaluate and the task's own
+    (``tasks.<task>.*``: a sweep of a task setting, e.g. sokoban's remedies, shows it) as they are,
+    ``seed`` (the RL seed: ``params.seed`` is already replaced here; the SFT model's seed is the tag
+    ``steprl.sft_seed``) and this algorithm's parts under ``algo.*`` (:func:`algo_params`); no other
+    algorithm's block."""
     return mlflow_run(
         params,
         CompareParams.run_name(algo, rl_seed),
-        ["train", "rollout", "evaluate"],
+        ["train", "rollout", "evaluate", f"tasks.{params.task}"],
         run_id=run_id,
         tags={"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)},
         extra_params=algo_params(params, algo, rl_seed),
