@@ -13,6 +13,9 @@ saying which differences are significant (their interval excludes 0), each namin
 statistics are in components/stats.py (percentile bootstrap over RL seeds and test problems, crossed;
 scipy).
 
+The compare MLflow run also holds every estimate of the report as metrics (``compare/<model>/<protocol>/
+accuracy`` and ``loop_rate``, with their intervals; :func:`interval_metrics`).
+
 reports/compare.png: (a) validation accuracy against RL iteration, per algorithm the mean over seeds
 with a min..max band, and the SFT model at iteration -1 (the same val rows, before any update);
 (b) training reward (critic/score/mean) against iteration, mean and min..max band.
@@ -463,9 +466,33 @@ DIAGNOSTICS_TEXT = (
 )
 
 
+def interval_metrics(params: Params, est: dict) -> dict[str, float]:
+    """The report's estimates as MLflow metrics: per model and protocol
+    ``compare/<model>/<protocol>/<accuracy|loop_rate>`` with ``_low`` / ``_high`` (its interval) and,
+    for an algorithm, ``..._vs_sft`` with its interval."""
+    metrics = [("accuracy", lambda p: p)] + ([("loop_rate", loop_kind)] if est["loops"] else [])
+    out = {}
+    for model in ["sft", *params.compare.algorithms]:
+        for p in est["kinds"]:
+            for name, kind in metrics:
+                key = f"compare/{model}/{p}/{name}"
+                pairs = [("", est["mean"][kind(p), model])]
+                if model != "sft":
+                    pairs.append(("_vs_sft", est["vs_sft"][kind(p), model]))
+                for suffix, e in pairs:
+                    out |= {key + suffix: e.value, f"{key}{suffix}_low": e.low, f"{key}{suffix}_high": e.high}
+    return out
+
+
 @task
 def table(params: Params) -> str:
+    """reports/compare.md (module docstring); inside an MLflow run, the estimates as its metrics too
+    (:func:`interval_metrics`)."""
+    import mlflow
+
     est = _estimates(params)
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics(interval_metrics(params, est))
     cols = _Columns(params, est)
     pairs = _pairs_table(params, est)
     text = (

@@ -316,3 +316,21 @@ def test_a_protocol_missing_from_a_problems_file_is_named(workspace):
     pl.read_parquet(path).drop("t0.4_correct").write_parquet(path)
     with pytest.raises(compare.StageError, match=r"problems_ppo-s0.parquet: no column 't0.4_correct'"):
         compare.table.fn(params)
+
+
+def test_interval_metrics_name_model_protocol_and_interval():
+    from components.stats import Estimate
+
+    params = parse_params({"task": "calc", "compare": {"algorithms": ["grpo"], "seeds": [0]}})
+    est = {
+        "kinds": ["t0.4", "greedy"],
+        "loops": False,
+        "mean": {(p, m): Estimate(0.5, 0.4, 0.6) for p in ("t0.4", "greedy") for m in ("sft", "grpo")},
+        "vs_sft": {(p, "grpo"): Estimate(0.1, -0.1, 0.3) for p in ("t0.4", "greedy")},
+    }
+    m = compare.interval_metrics(params, est)
+    assert m["compare/sft/t0.4/accuracy"] == 0.5 and m["compare/sft/t0.4/accuracy_low"] == 0.4
+    assert (
+        m["compare/grpo/greedy/accuracy_vs_sft_high"] == 0.3 and "compare/sft/greedy/accuracy_vs_sft" not in m
+    )
+    assert len(m) == 2 * 3 + 2 * 6  # sft: value and interval per protocol; grpo: and its difference
