@@ -117,6 +117,8 @@ def fingerprint(
         "deepspeed": params.deepspeed.model_dump(),
         "seed": params.seed,
         "task": params.task,
+        # the task's own settings: its environment's rewards and prompt (e.g. sokoban's noop_penalty)
+        "task_settings": params.task_params.model_dump(),
         "rl_prompts_after_row": params.sft.rows,
         "sft": json.loads((sft / MARKER).read_text()),
         "sft_sha256": file_digest(sft),
