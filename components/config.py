@@ -35,7 +35,16 @@ from pydantic import (
 from components.registry import Registry, UnknownNameError
 from components.rollout.base import EngineSettings
 
-__all__ = ["ConfigError", "Params", "apply_overrides", "import_plugins", "load_params", "parse_params"]
+__all__ = [
+    "ConfigError",
+    "Params",
+    "apply_overrides",
+    "import_plugins",
+    "load_params",
+    "parse_params",
+    "protocol_label",
+    "protocol_name",
+]
 
 
 class ConfigError(ValueError):
@@ -194,15 +203,61 @@ class RolloutParams(Section):
         )
 
 
+def protocol_name(temperature: float | None) -> str:
+    """The name of an evaluation protocol: ``greedy`` (None), or ``t<T>`` for sampling at temperature T
+    (``t0.4``, ``t1``): the key of its metrics in eval_<model>.json, ``eval/<name>/*`` and ``val/<name>/*``."""
+    return "greedy" if temperature is None else f"t{temperature:g}"
+
+
+def protocol_label(name: str, samples: int | None = None) -> str:
+    """A protocol in words for reports: ``greedy``, ``sampled at T=0.4`` (``, k per problem`` with k)."""
+    if name == "greedy":
+        return "greedy"
+    k = "" if samples is None else f", {samples} per problem"
+    return f"sampled at T={name[1:]}{k}"
+
+
+def _temperatures_valid(values: list[float]) -> list[float]:
+    """Sampling temperatures of evaluation protocols: each in (0, 2], none repeated."""
+    for v in values:
+        if not 0 < v <= 2:
+            raise ValueError(f"{values}: every temperature must be in (0, 2] (greedy is always run), not {v}")
+    names = [protocol_name(v) for v in values]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{values} repeats temperature {repeated[0][1:]}")
+    return values
+
+
 class EvaluateParams(Section):
     # Split to evaluate on.
     split: Literal["val", "test"] = "test"
     # Evaluate at most this many rows (None = all).
     max_samples: int | None = Field(None, ge=1)
-    # Sampled episodes per row at `temperature` besides the greedy one (mean@k, pass@k); 0 = greedy only.
+    # Sampled episodes per row at each of `temperatures`, besides the greedy one (mean@k, pass@k per
+    # temperature); 0 = greedy only.
     samples: int = Field(2, ge=0, le=64)
-    # Sampling temperature of those episodes.
-    temperature: float = Field(1.0, gt=0, le=2)
+    # The sampled protocols: one per temperature (verl-agent validates at 0.4, RAGEN at 0.5, BALROG at
+    # 1.0; docs/evaluation.md). Each is named t<T> (t0.4, t1) in the eval files and MLflow.
+    temperatures: list[float] = [0.4, 1.0]
+
+    _temperatures_ok = field_validator("temperatures")(_temperatures_valid)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "temperature" in data:
+            raise ValueError(
+                f"temperature={data['temperature']!r}: evaluate.temperature is now evaluate.temperatures, "
+                "a list (one sampled protocol per temperature, e.g. [0.4, 1.0])"
+            )
+        return data
+
+    @property
+    def protocols(self) -> list[str]:
+        """The protocols a test evaluation runs: greedy, then one per temperature (when samples > 0)."""
+        sampled = [protocol_name(t) for t in self.temperatures] if self.samples else []
+        return ["greedy", *sampled]
 
 
 class AlgoParams(Section):
@@ -308,9 +363,12 @@ class TrainParams(Section):
     # on-policy only), "rollout" (the sampler's own: no actor forward; exact only where the sampler and
     # the trainer agree numerically; needs temperature 1) or "recompute" (one actor forward).
     old_logprobs: Literal["detached", "rollout", "recompute"] = "rollout"
-    # Greedy validation on this many val rows every `val_every` iterations (and after the last).
+    # Validation on this many val rows every `val_every` iterations (and after the last): one greedy
+    # episode per row, and one sampled episode per row at each of `val_temperatures` ([] = greedy only;
+    # val/<key> and val/greedy/<key> are the greedy episodes', val/t<T>/<key> the sampled ones').
     val_every: int = Field(5, ge=1)
     val_samples: int = Field(64, ge=1)
+    val_temperatures: list[float] = [0.4]
     # Which sampled prompt groups an iteration trains on (components/train/group_filter.py; groups of
     # samples_per_prompt >= 2 only). std_filter_keep in (0, 1]: sample ceil(prompts / keep) groups and
     # keep the `prompts` whose returns vary most within the group (RAGEN's StarPO-S; 1 = off).
@@ -321,6 +379,7 @@ class TrainParams(Section):
     dynamic_sampling_rounds: int = Field(3, ge=1)
 
     _kl_known = field_validator("kl_kind")(_known("kl_kind"))
+    _val_temperatures_ok = field_validator("val_temperatures")(_temperatures_valid)
 
     @model_validator(mode="after")
     def _rollout_logprobs_need_t1(self) -> TrainParams:
@@ -380,6 +439,9 @@ class CompareParams(Section):
     # RL seeds: every algorithm is trained once per seed from the one SFT checkpoint (trained with
     # `seed`); the run of algorithm a with seed s is named `a-s<s>` (run_name).
     seeds: list[int] = [0, 1]
+    # The evaluation protocol the report leads with: greedy, or t<T> for a temperature T of
+    # evaluate.temperatures (t0.4: sampled at T=0.4); every headline line names it.
+    headline: str = "t0.4"
 
     @model_validator(mode="after")
     def _seeds_valid(self) -> CompareParams:
@@ -480,6 +542,17 @@ class Params(Section):
     def task_params(self) -> Any:
         """The selected task's validated params section (an instance of its recipe's params_model)."""
         return self.tasks[self.task]
+
+    @model_validator(mode="after")
+    def _headline_evaluated(self) -> Params:
+        known = self.evaluate.protocols
+        if self.compare.headline not in known:
+            raise ValueError(
+                f"compare.headline={self.compare.headline!r} is not an evaluated protocol: the test "
+                f"evaluation runs {known} (evaluate.samples={self.evaluate.samples}, "
+                f"evaluate.temperatures={self.evaluate.temperatures}); name one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _context_fits(self) -> Params:

@@ -31,6 +31,7 @@ import polars as pl
 from scipy import stats as _scipy_stats
 
 from components.agent.loop import episode_correctness
+from components.tasks.step_records import episode_loops
 
 __all__ = [
     "RESAMPLED",
@@ -76,23 +77,36 @@ class Estimate:
 
 
 def problem_results(
-    ids: Sequence[str], greedy: Sequence[Mapping], sampled: Sequence[Mapping] = ()
+    ids: Sequence[str],
+    greedy: Sequence[Mapping],
+    sampled: Sequence[Mapping] = (),
+    protocols: Mapping[str, Sequence[Mapping]] | None = None,
 ) -> pl.DataFrame:
     """One row per problem of ``ids`` (in that order): ``correct`` (its greedy episode, 0/1),
-    ``sampled_correct`` (fraction of its sampled episodes that are correct; null without any),
+    ``sampled_correct`` (fraction of its ``sampled`` episodes that are correct; null without any),
     ``n_sampled``, and of the greedy episode its ``return`` (the sum of its step rewards) and ``turns``
-    (its steps).
+    (its steps). Per sampled protocol ``p`` of ``protocols`` (name -> its episodes' step records):
+    ``<p>_correct`` (fraction of the problem's episodes that are correct) and ``<p>_n`` (their number).
+    Where the greedy episodes carry state keys (components.tasks.step_records): ``loop_rate`` of the
+    greedy episode and ``<p>_loop_rate``, the mean over the problem's episodes of protocol ``p``.
 
-    ``greedy`` and ``sampled`` are agent step records; an episode is its ``traj_id``, its problem the
-    ``group_id``, and it is correct when any of its steps is. Every problem needs exactly one greedy
-    episode; an episode of a problem not in ``ids`` is an error."""
+    ``greedy`` and the sampled records are agent step records; an episode is its ``traj_id``, its
+    problem the ``group_id``, and it is correct when any of its steps is. Every problem needs exactly
+    one greedy episode, and at least one episode of each protocol; an episode of a problem not in
+    ``ids`` is an error."""
     ids = [str(i) for i in ids]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"problem ids must be unique; repeated: {dup[:5]}")
+    protocols = dict(protocols or {})
+    if "greedy" in protocols:
+        raise ValueError(
+            "protocols: 'greedy' is the greedy episodes' (the argument greedy), not a sampled protocol"
+        )
     known = set(ids)
     g, s = episode_correctness(greedy), episode_correctness(sampled)
-    for what, found in (("greedy", g), ("sampled", s)):
+    per = {name: episode_correctness(records) for name, records in protocols.items()}
+    for what, found in (("greedy", g), ("sampled", s), *per.items()):
         unknown = sorted(set(found) - known)
         if unknown:
             raise ValueError(f"{what} episodes of problems not evaluated: {unknown[:5]}")
@@ -102,35 +116,57 @@ def problem_results(
     several = [i for i in ids if len(g[i]) != 1]
     if several:
         raise ValueError(f"problem {several[0]!r} has {len(g[several[0]])} greedy episodes, expected 1")
+    for name, found in per.items():
+        lacking = [i for i in ids if i not in found]
+        if lacking:
+            raise ValueError(f"protocol {name}: {len(lacking)} problem(s) have no episode: {lacking[:5]}")
     returns: dict[str, float] = defaultdict(float)
     turns: dict[str, int] = defaultdict(int)
     for step in greedy:
         returns[str(step["group_id"])] += float(step.get("reward", 0.0))
         turns[str(step["group_id"])] += 1
+    schema = {
+        "id": pl.String,
+        "correct": pl.Int64,
+        "sampled_correct": pl.Float64,
+        "n_sampled": pl.Int64,
+        "return": pl.Float64,
+        "turns": pl.Int64,
+    }
     rows = []
     for i in ids:
         eps = list(s.get(i, {}).values())
-        rows.append(
-            {
-                "id": i,
-                "correct": int(next(iter(g[i].values()))),
-                "sampled_correct": (sum(eps) / len(eps)) if eps else None,
-                "n_sampled": len(eps),
-                "return": returns[i],
-                "turns": turns[i],
-            }
-        )
-    return pl.DataFrame(
-        rows,
-        schema={
-            "id": pl.String,
-            "correct": pl.Int64,
-            "sampled_correct": pl.Float64,
-            "n_sampled": pl.Int64,
-            "return": pl.Float64,
-            "turns": pl.Int64,
-        },
-    )
+        row = {
+            "id": i,
+            "correct": int(next(iter(g[i].values()))),
+            "sampled_correct": (sum(eps) / len(eps)) if eps else None,
+            "n_sampled": len(eps),
+            "return": returns[i],
+            "turns": turns[i],
+        }
+        for name, found in per.items():
+            row[f"{name}_correct"] = sum(found[i].values()) / len(found[i])
+            row[f"{name}_n"] = len(found[i])
+        rows.append(row)
+    for name in per:
+        schema |= {f"{name}_correct": pl.Float64, f"{name}_n": pl.Int64}
+    loops = {"loop_rate": greedy, **{f"{name}_loop_rate": records for name, records in protocols.items()}}
+    if any(step.get("obs_key") for step in greedy):  # the environment gives state keys
+        for column, records in loops.items():
+            rates = _problem_loop_rates(records)
+            for row in rows:
+                row[column] = rates.get(row["id"])
+            schema[column] = pl.Float64
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _problem_loop_rates(steps: Sequence[Mapping]) -> dict[str, float]:
+    """problem id (group_id) -> mean ``loop_rate`` of its episodes in ``steps`` that carry state keys."""
+    problem = {str(s["traj_id"]): str(s["group_id"]) for s in steps}
+    by_problem: dict[str, list[float]] = defaultdict(list)
+    for traj_id, loop in episode_loops(steps).items():
+        by_problem[problem[traj_id]].append(loop["loop_rate"])
+    return {i: sum(v) / len(v) for i, v in by_problem.items()}
 
 
 def score_matrix(tables: Mapping[str, pl.DataFrame], column: str, ids: Sequence[str]) -> np.ndarray:

@@ -1,13 +1,20 @@
 """Stage `compare`: every algorithm (over its RL seeds) against the SFT baseline, with uncertainty.
 
-reports/compare.md: per algorithm the mean test accuracy over its seeds (greedy, and sampled mean@k)
-with a 95% bootstrap interval, its difference to SFT with a 95% interval (paired on test problems),
-pass@k, mean turns, tool use (tasks with tools), format errors, train wall time and generated tokens
-(means over seeds); the greedy episode's return and turns with intervals and differences to SFT; then
-every run's own values (one row per seed), the pairwise differences between algorithms (accuracy, return, turns), and one
-sentence per algorithm saying which differences are significant (their interval excludes 0). The
+reports/compare.md leads with the protocol ``compare.headline`` (greedy, or sampled at a temperature of
+``evaluate.temperatures``; docs/evaluation.md) and shows every protocol the evaluation ran, each named:
+per algorithm the mean test accuracy over its seeds under each protocol with a 95% bootstrap interval,
+its difference to SFT with a 95% interval (paired on test problems), pass@k of each sampled protocol,
+mean turns, tool use (tasks with tools), format errors, train wall time and generated tokens (means
+over seeds); for tasks whose environment gives state keys (sokoban, babyai), the loop rate under each
+protocol with intervals and differences to SFT; the greedy episode's return and turns with intervals
+and differences to SFT; then every run's own values (one row per seed), the pairwise differences
+between algorithms (accuracy under each protocol, return, turns), and one sentence per algorithm
+saying which differences are significant (their interval excludes 0), each naming its protocol. The
 statistics are in components/stats.py (percentile bootstrap over RL seeds and test problems, crossed;
 scipy).
+
+The compare MLflow run also holds every estimate of the report as metrics (``compare/<model>/<protocol>/
+accuracy`` and ``loop_rate``, with their intervals; :func:`interval_metrics`).
 
 reports/compare.png: (a) validation accuracy against RL iteration, per algorithm the mean over seeds
 with a min..max band, and the SFT model at iteration -1 (the same val rows, before any update);
@@ -25,7 +32,7 @@ import numpy as np
 import polars as pl
 from prefect import flow, task
 
-from components.config import Params
+from components.config import Params, protocol_label
 from components.io import write_text
 from components.plots import Band, Panel, band_chart
 from components.schemas import ProblemSchema, validate_table
@@ -107,8 +114,12 @@ def _estimates(params: Params) -> dict:
     }
     sft_problems = _problems("sft")
     ids = sft_problems["id"].to_list()
-    sampled = all(df["n_sampled"].min() > 0 for df in [sft_problems, *(r["problems"] for r in runs.values())])
-    kinds = {"greedy": "correct", **({"sampled": "sampled_correct"} if sampled else {}), **EPISODE_KINDS}
+    tables = [sft_problems, *(r["problems"] for r in runs.values())]
+    protocols = headline_first(params)
+    kinds = {p: accuracy_column(p) for p in protocols} | EPISODE_KINDS
+    loops = all("loop_rate" in df.columns for df in tables)  # the task's environment gives state keys
+    if loops:
+        kinds |= {loop_kind(p): loop_column(p) for p in protocols}
     kw = dict(confidence=CONFIDENCE, n_resamples=RESAMPLES, seed=0)
 
     def matrix(names: list[str], column: str) -> np.ndarray:
@@ -135,14 +146,44 @@ def _estimates(params: Params) -> dict:
                 )
         for a, b in combinations(c.algorithms, 2):
             est["pair"][kind, a, b] = difference_interval(by_model[a], by_model[b], what=(a, b), **kw)
-    accuracy_kinds = [k for k in kinds if k not in EPISODE_KINDS]
     return {
         "runs": runs,
         "sft": _load("eval_sft.json"),
-        "kinds": accuracy_kinds,
+        "kinds": protocols,
+        "loops": loops,
         "n_problems": len(ids),
         **est,
     }
+
+
+def headline_first(params: Params) -> list[str]:
+    """The evaluated protocols, ``compare.headline`` first, then the others in evaluation order."""
+    head = params.compare.headline
+    return [head, *(p for p in params.evaluate.protocols if p != head)]
+
+
+def accuracy_column(protocol: str) -> str:
+    """The per-problem column (ProblemSchema / components.stats.problem_results) of a protocol's accuracy."""
+    return "correct" if protocol == "greedy" else f"{protocol}_correct"
+
+
+def loop_kind(protocol: str) -> str:
+    return f"loop:{protocol}"
+
+
+def loop_column(protocol: str) -> str:
+    """The per-problem column of a protocol's loop rate."""
+    return "loop_rate" if protocol == "greedy" else f"{protocol}_loop_rate"
+
+
+def _label(params: Params, protocol: str) -> str:
+    return protocol_label(protocol, None if protocol == "greedy" else params.evaluate.samples)
+
+
+def _protocol_value(e: dict, protocol: str, key: str) -> float | None:
+    """``key`` of a protocol's block of an eval json (None when the file has no such block)."""
+    block = e.get(protocol)
+    return block.get(key) if isinstance(block, dict) else None
 
 
 def _pair(est: dict, kind: str, a: str, b: str) -> Estimate:
@@ -161,14 +202,21 @@ def significance(e: Estimate) -> str:
 
 
 def _sentence(params: Params, est: dict, algo: str) -> str:
-    label = {"greedy": "greedy", "sampled": f"sampled mean@{params.evaluate.samples}"}
+    label = {p: _label(params, p) for p in est["kinds"]}
     parts = [
-        f"{label[kind]} accuracy {est['mean'][kind, algo].value:.3f}, against SFT "
+        f"{label[kind]}: accuracy {est['mean'][kind, algo].value:.3f}, against SFT "
         f"{significance(est['vs_sft'][kind, algo])}"
         for kind in est["kinds"]
     ]
+    if est["loops"]:
+        parts += [
+            f"{label[kind]}: loop rate {est['mean'][loop_kind(kind), algo].value:.3f}, against SFT "
+            f"{significance(est['vs_sft'][loop_kind(kind), algo])}"
+            for kind in est["kinds"]
+        ]
     parts.append(
-        f"return {est['mean']['return', algo].value:.3f}, against SFT {significance(est['vs_sft']['return', algo])}"
+        f"greedy: return {est['mean']['return', algo].value:.3f}, against SFT "
+        f"{significance(est['vs_sft']['return', algo])}"
     )
     for other in (o for o in params.compare.algorithms if o != algo):
         parts.append(
@@ -199,14 +247,15 @@ def _optional_keys(evals: list[dict]) -> tuple[bool, list[str]]:
 
 
 class _Columns:
-    """The per-model metric columns after the accuracy columns (pass@k, turns, tool use, train time)."""
+    """The per-model metric columns after the accuracy columns (pass@k of each sampled protocol, then
+    the greedy episode's turns, tool use and format errors, and train time)."""
 
-    def __init__(self, est: dict) -> None:
+    def __init__(self, params: Params, est: dict) -> None:
         evals = [est["sft"], *(r["eval"] for r in est["runs"].values())]
-        self.sampled = "sampled" in est["kinds"]
+        self.sampled = [p for p in est["kinds"] if p != "greedy"]
         self.tools, self.optional = _optional_keys(evals)
         self.headers = [
-            "pass@k",
+            *(f"pass@k ({_label(params, p)})" for p in self.sampled),
             "mean turns",
             *(["valid tool calls"] if self.tools else []),
             "format errors",
@@ -218,8 +267,8 @@ class _Columns:
     def cells(self, evals: list[dict], trains: list[dict]) -> list[str]:
         m = lambda key: _mean([e.get(key) for e in evals])  # noqa: E731
         t = lambda key: _mean([tr.get(key) for tr in trains])  # noqa: E731
-        cells = [
-            _fmt(m("pass_at_k")) if self.sampled else "-",
+        cells = [_fmt(_mean([_protocol_value(e, p, "pass_at_k") for e in evals])) for p in self.sampled]
+        cells += [
             _fmt(m("mean_turns"), 2),
             *([_fmt(m("valid_tool_call_rate"))] if self.tools else []),
             _fmt(m("format_error_rate")),
@@ -233,55 +282,72 @@ class _Columns:
 
 
 def _algorithm_table(params: Params, est: dict, cols: _Columns) -> list[str]:
-    """1. per algorithm: means over seeds with intervals, and the differences to SFT."""
-    head = ["algorithm", "seeds", "accuracy (greedy) [95% CI]", "greedy vs SFT [95% CI]"]
-    head += (
-        ["sampled accuracy (mean@k) [95% CI]", "sampled vs SFT [95% CI]"]
-        if cols.sampled
-        else ["sampled accuracy (mean@k)"]
-    )
+    """1. per algorithm: accuracy under each protocol (the headline first), means over seeds with
+    intervals, and the differences to SFT."""
+    head = ["algorithm", "seeds"]
+    for p in est["kinds"]:
+        head += [f"accuracy ({_label(params, p)}) [95% CI]", f"{p} vs SFT [95% CI]"]
     head += cols.headers
     lines = [_row(head), _row(["---"] * len(head))]
-    sft = ["sft", "-", est["mean"]["greedy", "sft"].format(), "-"]
-    sft += [est["mean"]["sampled", "sft"].format(), "-"] if cols.sampled else ["-"]
+    sft = ["sft", "-"]
+    for p in est["kinds"]:
+        sft += [est["mean"][p, "sft"].format(), "-"]
     lines.append(_row(sft + cols.cells([est["sft"]], [])))
     for a in params.compare.algorithms:
         mine = [r for r in est["runs"].values() if r["algo"] == a]
-        cells = [
-            a,
-            ", ".join(str(r["seed"]) for r in mine),
-            est["mean"]["greedy", a].format(),
-            est["vs_sft"]["greedy", a].format(signed=True),
-        ]
-        if cols.sampled:
-            cells += [est["mean"]["sampled", a].format(), est["vs_sft"]["sampled", a].format(signed=True)]
-        else:
-            cells += ["-"]
+        cells = [a, ", ".join(str(r["seed"]) for r in mine)]
+        for p in est["kinds"]:
+            cells += [est["mean"][p, a].format(), est["vs_sft"][p, a].format(signed=True)]
         lines.append(_row(cells + cols.cells([r["eval"] for r in mine], [r["train"] for r in mine])))
     return lines
 
 
-def _runs_table(est: dict, cols: _Columns) -> list[str]:
+def _loop_table(params: Params, est: dict) -> list[str]:
+    """1b. the loop rate under each protocol (tasks with state keys), with intervals and differences."""
+    head = ["model"]
+    for p in est["kinds"]:
+        head += [f"loop rate ({_label(params, p)}) [95% CI]", f"{p} vs SFT [95% CI]"]
+    lines = [_row(head), _row(["---"] * len(head))]
+    sft = ["sft"]
+    for p in est["kinds"]:
+        sft += [est["mean"][loop_kind(p), "sft"].format(), "-"]
+    lines.append(_row(sft))
+    for a in params.compare.algorithms:
+        cells = [a]
+        for p in est["kinds"]:
+            cells += [
+                est["mean"][loop_kind(p), a].format(),
+                est["vs_sft"][loop_kind(p), a].format(signed=True),
+            ]
+        lines.append(_row(cells))
+    return lines
+
+
+LOOP_TEXT = (
+    "## Loops\n\n"
+    "Per test problem, the share of an episode's turns that send again the reply whose move changed nothing "
+    "(the state before the turn is the state before the previous turn, and the reply is the same), averaged "
+    "over the problem's episodes of the protocol; intervals and differences as above (docs/evaluation.md).\n\n"
+)
+
+
+def _runs_table(params: Params, est: dict, cols: _Columns) -> list[str]:
     """2. every run's own values."""
-    lines = [
-        _row(["run", "algorithm", "RL seed", "accuracy (greedy)", "sampled accuracy (mean@k)", *cols.headers])
-    ]
-    lines.append(_row(["---"] * (5 + len(cols.headers))))
-    sft = est["sft"]
-    lines.append(
-        _row(
-            ["sft", "-", "-", _fmt(sft["accuracy"]), _fmt(sft.get("sampled_accuracy"))]
-            + cols.cells([sft], [])
-        )
-    )
+    head = ["run", "algorithm", "RL seed", *(f"accuracy ({_label(params, p)})" for p in est["kinds"])]
+    if est["loops"]:
+        head += [f"loop rate ({_label(params, p)})" for p in est["kinds"]]
+    head += cols.headers
+    lines = [_row(head), _row(["---"] * len(head))]
+
+    def values(e: dict) -> list[str]:
+        out = [_fmt(_protocol_value(e, p, "accuracy")) for p in est["kinds"]]
+        if est["loops"]:
+            out += [_fmt(_protocol_value(e, p, "loop_rate")) for p in est["kinds"]]
+        return out
+
+    lines.append(_row(["sft", "-", "-", *values(est["sft"])] + cols.cells([est["sft"]], [])))
     for name, r in est["runs"].items():
-        cells = [
-            name,
-            r["algo"],
-            str(r["seed"]),
-            _fmt(r["eval"]["accuracy"]),
-            _fmt(r["eval"].get("sampled_accuracy")),
-        ]
+        cells = [name, r["algo"], str(r["seed"]), *values(r["eval"])]
         lines.append(_row(cells + cols.cells([r["eval"]], [r["train"]])))
     return lines
 
@@ -305,12 +371,12 @@ def _episode_table(params: Params, est: dict) -> list[str]:
     return lines
 
 
-def _pairs_table(params: Params, est: dict, sampled: bool) -> list[str]:
+def _pairs_table(params: Params, est: dict) -> list[str]:
     """3. algorithm against algorithm (empty for one algorithm)."""
     pairs = list(combinations(params.compare.algorithms, 2))
     if not pairs:
         return []
-    head = ["difference", "greedy [95% CI]"] + (["sampled (mean@k) [95% CI]"] if sampled else [])
+    head = ["difference", *(f"{_label(params, p)} [95% CI]" for p in est["kinds"])]
     head += ["return [95% CI]", "turns [95% CI]"]
     lines = [_row(head), _row(["---"] * len(head))]
     for a, b in pairs:
@@ -364,11 +430,18 @@ def _diagnostics_table(params: Params) -> list[str]:
 def _intro(params: Params, est: dict) -> str:
     c, ev = params.compare, params.evaluate
     n_seeds = len(c.seeds)
+    sampled = [p for p in ev.protocols if p != "greedy"]
     return (
         f"# {params.task}: RL algorithms against the SFT baseline\n\n"
+        f"**Headline protocol: {_label(params, c.headline)}.** Every protocol the evaluation ran is shown, "
+        f"the headline first: greedy (one episode per problem at temperature 0)"
+        + "".join(f"; {_label(params, p)}" for p in sampled)
+        + " (docs/evaluation.md). "
         f"{ev.split.capitalize()} split ({est['n_problems']} problems), multi-turn with the task's real environment. "
-        f"Accuracy (for sokoban: the success rate) is of one greedy episode per problem; sampled accuracy (mean@k) and pass@k of k = {ev.samples} episodes "
-        f"per problem at temperature {ev.temperature:g}. Every algorithm is trained {n_seeds} time"
+        "Accuracy (for sokoban: the success rate) of a sampled protocol is mean@k, the mean over problems of the "
+        "fraction of their k episodes that succeed; pass@k the fraction of problems with at least one. Mean turns, "
+        "tool use, format errors, return and turns are of the greedy episode. "
+        f"Every algorithm is trained {n_seeds} time"
         f"{'s' if n_seeds > 1 else ''} from the one SFT checkpoint (SFT seed {params.seed}), with RL seeds "
         f"{', '.join(map(str, c.seeds))}; its values are means over those runs. Wall time and generated tokens "
         "are of RL training.\n\n"
@@ -394,21 +467,46 @@ DIAGNOSTICS_TEXT = (
 )
 
 
+def interval_metrics(params: Params, est: dict) -> dict[str, float]:
+    """The report's estimates as MLflow metrics: per model and protocol
+    ``compare/<model>/<protocol>/<accuracy|loop_rate>`` with ``_low`` / ``_high`` (its interval) and,
+    for an algorithm, ``..._vs_sft`` with its interval."""
+    metrics = [("accuracy", lambda p: p)] + ([("loop_rate", loop_kind)] if est["loops"] else [])
+    out = {}
+    for model in ["sft", *params.compare.algorithms]:
+        for p in est["kinds"]:
+            for name, kind in metrics:
+                key = f"compare/{model}/{p}/{name}"
+                pairs = [("", est["mean"][kind(p), model])]
+                if model != "sft":
+                    pairs.append(("_vs_sft", est["vs_sft"][kind(p), model]))
+                for suffix, e in pairs:
+                    out |= {key + suffix: e.value, f"{key}{suffix}_low": e.low, f"{key}{suffix}_high": e.high}
+    return out
+
+
 @task
 def table(params: Params) -> str:
+    """reports/compare.md (module docstring); inside an MLflow run, the estimates as its metrics too
+    (:func:`interval_metrics`)."""
+    import mlflow
+
     est = _estimates(params)
-    cols = _Columns(est)
-    pairs = _pairs_table(params, est, cols.sampled)
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics(interval_metrics(params, est))
+    cols = _Columns(params, est)
+    pairs = _pairs_table(params, est)
     text = (
         _intro(params, est)
         + "\n".join(_algorithm_table(params, est, cols))
+        + ("\n\n" + LOOP_TEXT + "\n".join(_loop_table(params, est)) if est["loops"] else "")
         + "\n\n## Return and turns of the greedy episode\n\n"
         "Per test problem, the greedy episode's return (the sum of its step rewards, the task's reward) and its "
         "number of turns (an unsolved episode counts the turns it used, up to rollout.max_steps: fewer is "
         "better only together with a higher accuracy), with intervals and differences as above.\n\n"
         + "\n".join(_episode_table(params, est))
         + "\n\n## Every run\n\n"
-        + "\n".join(_runs_table(est, cols))
+        + "\n".join(_runs_table(params, est, cols))
         + "\n\n"
         + ("## Algorithm against algorithm\n\n" + "\n".join(pairs) + "\n\n" if pairs else "")
         + DIAGNOSTICS_TEXT

@@ -1,15 +1,22 @@
 """Stage `evaluate_sft`, and the evaluation that ends every `train@<algo>-<seed>` stage.
 
-Plays every row of the held-out split to the end with the task's real tools: one greedy episode per
-row, and ``evaluate.samples`` sampled ones at ``evaluate.temperature`` (sampling seed: params.seed,
-the same for every model). `python -m flows.evaluate --model sft` evaluates models/sft on a rollout
-engine of its own (vLLM by default); a train stage evaluates its final policy with the rollout engine
-it already holds (:func:`evaluate` with its ``engine``), which saves a process start and an engine build per
-RL run. Writes metrics/eval_<model>.json (greedy accuracy, mean turns, valid tool-call rate,
-format-error rate; sampled_accuracy = mean@k and pass_at_k of the sampled episodes) and
-metrics/problems_<model>.parquet (one row per problem: greedy correctness, fraction of sampled
-episodes correct; components.schemas.ProblemSchema), which the compare stage bootstraps. Logs the
-metrics (``eval/*``) and a readable sample of greedy trajectories to the active MLflow run.
+Plays every row of the held-out split to the end with the task's real tools under each evaluation
+protocol (docs/evaluation.md): one greedy episode per row, and per temperature T of
+``evaluate.temperatures`` ``evaluate.samples`` episodes sampled at T (protocol ``t<T>``; sampling seed:
+params.seed, the same for every model). `python -m flows.evaluate --model sft` evaluates models/sft on
+a rollout engine of its own (vLLM by default); a train stage evaluates its final policy with the
+rollout engine it already holds (:func:`evaluate` with its ``engine``), which saves a process start and
+an engine build per RL run.
+
+Writes metrics/eval_<model>.json: per protocol a block of its metrics (``"greedy": {...}``,
+``"t0.4": {...}``: accuracy, mean turns, tool use, format errors, the task's own metrics such as
+sokoban's success and loop rates, and for a sampled protocol mean@k = ``accuracy`` and ``pass_at_k``),
+and beside them the flat keys of the evaluation before protocols, unchanged in meaning: the greedy
+episode's metrics, and ``sampled_accuracy`` / ``pass_at_k`` of the episodes sampled at T=1 (when 1 is
+among the temperatures). metrics/problems_<model>.parquet holds one row per problem
+(components.stats.problem_results: greedy correctness, each protocol's fraction correct, loop rates),
+which the compare stage bootstraps. Logs ``eval/<protocol>/<metric>`` and the flat ``eval/<metric>``
+and a readable sample of greedy trajectories to the active MLflow run.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from transformers import AutoTokenizer
 
 from components.agent.loop import Episode, episode_metrics, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
-from components.config import Params
+from components.config import Params, protocol_label, protocol_name
 from components.envs import get_task
 from components.io import write_json, write_parquet
 from components.model.tiny import is_complete_checkpoint
@@ -60,10 +67,11 @@ def play(
     rows: list[dict],
     engine: RolloutEngine | None = None,
     renderer: ChatRenderer | None = None,
-) -> tuple[list[dict], list[dict]]:
-    """Step records of one greedy episode per row, and of ``evaluate.samples`` sampled ones per row,
-    played on ``engine`` with ``renderer`` (a train stage's, holding its final weights) or, without
-    them, on a rollout engine built from the model's checkpoint."""
+) -> tuple[list[dict], dict[str, list[dict]]]:
+    """Step records of one greedy episode per row, and per sampled protocol (name -> records) of
+    ``evaluate.samples`` episodes per row at its temperature, played on ``engine`` with ``renderer`` (a
+    train stage's, holding its final weights) or, without them, on a rollout engine built from the
+    model's checkpoint."""
     spec = get_task(params.task)
     r, ev = params.rollout, params.evaluate
     data_dir = processed(params.task)  # the prepare output (tables and task files)
@@ -71,10 +79,16 @@ def play(
     if own:
         engine, renderer = open_engine(params, model_dir(model))
 
-    def episode(row: dict, traj_id: str) -> Episode:
-        return Episode(traj_id, str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
-
-    def run(episodes: list[Episode], temperature: float, desc: str) -> list[dict]:
+    def run(temperature: float | None) -> list[dict]:
+        # The greedy episode keeps the row id as its trajectory id, a sampled one adds #i (its sampling
+        # seed depends on the trajectory id only: the same at every temperature)
+        tags = [""] if temperature is None else [f"#{i}" for i in range(ev.samples)]
+        episodes = [
+            Episode(f"{row['id']}{tag}", str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
+            for row in rows
+            for tag in tags
+        ]
+        label = "" if temperature is None else f" (T={temperature:g})"
         return run_episodes(
             engine,
             renderer,
@@ -83,26 +97,47 @@ def play(
             max_prompt_len=r.max_prompt_len,
             max_response_len=r.max_response_len,
             context_window=r.context_window,
-            temperature=temperature,
+            temperature=0.0 if temperature is None else temperature,
             seed=params.seed,
-            desc=desc,
+            desc=f"evaluate {model}{label}",
         )
 
     try:
-        greedy = run([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
-        sampled = [episode(row, f"{row['id']}#{i}") for row in rows for i in range(ev.samples)]
-        desc = f"evaluate {model} (T={ev.temperature:g})"
-        return greedy, (run(sampled, ev.temperature, desc) if sampled else [])
+        greedy = run(None)
+        sampled = {protocol_name(t): run(t) for t in ev.temperatures} if ev.samples else {}
+        return greedy, sampled
     finally:
         if own:
             engine.close()
 
 
+def protocol_metrics(task: str, steps: list[dict], *, sampled: bool) -> dict[str, float]:
+    """The metrics of one protocol's episodes: :func:`episode_metrics` and the task's own, and for a
+    sampled protocol its ``pass_at_k`` and ``samples_per_prompt`` (its ``accuracy`` is then mean@k: the
+    mean over problems of the fraction of their episodes that are correct, the problems having k each)."""
+    metrics = {**episode_metrics(steps), **get_task(task).task_metrics(steps)}
+    if sampled:
+        k = sampled_metrics(steps)
+        metrics |= {"pass_at_k": k["pass_at_k"], "samples_per_prompt": k["samples_per_prompt"]}
+    return metrics
+
+
+def eval_record(task: str, greedy: list[dict], sampled: dict[str, list[dict]]) -> dict:
+    """eval_<model>.json's metrics (module docstring): a block per protocol, and the flat keys of the
+    greedy episodes and of the T=1 protocol (``sampled_accuracy``, ``pass_at_k``) as before protocols."""
+    blocks = {"greedy": protocol_metrics(task, greedy, sampled=False)}
+    blocks |= {name: protocol_metrics(task, steps, sampled=True) for name, steps in sampled.items()}
+    flat = dict(blocks["greedy"])
+    if "t1" in sampled:
+        flat |= sampled_metrics(sampled["t1"]) | {"sampled_temperature": 1.0}
+    return {**flat, **blocks}
+
+
 def evaluate(
     params: Params, model: str, engine: RolloutEngine | None = None, renderer: ChatRenderer | None = None
-) -> dict[str, float]:
+) -> dict:
     """Evaluate ``model`` (see the module docstring) inside the active MLflow run, on ``engine`` if
-    given (see :func:`play`); its metrics."""
+    given (see :func:`play`); its metrics (eval_<model>.json's, without model and split)."""
     import mlflow
 
     split = params.evaluate.split
@@ -111,31 +146,43 @@ def evaluate(
         df = df.head(params.evaluate.max_samples)
     start = time.perf_counter()
     steps, sampled = play(params, model, df.to_dicts(), engine, renderer)
-    metrics = {**episode_metrics(steps), **get_task(params.task).task_metrics(steps)}  # + the task's own
-    if sampled:
-        metrics.update(sampled_metrics(sampled))
-        metrics["sampled_temperature"] = params.evaluate.temperature
+    metrics = eval_record(params.task, steps, sampled)
     metrics["wall_time_s"] = time.perf_counter() - start
-    metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in steps + sampled))
-    problems = problem_results([str(i) for i in df["id"].to_list()], steps, sampled)
+    every = steps + [s for records in sampled.values() for s in records]
+    metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in every))
+    ids = [str(i) for i in df["id"].to_list()]
+    problems = problem_results(ids, steps, sampled.get("t1", ()), protocols=sampled)
     problems = validate_table(problems, ProblemSchema, f"evaluate {model}: per-problem results")
     write_parquet(problems, REPO / "metrics" / f"problems_{model}.parquet")
     write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
-    mlflow.log_metrics({f"eval/{k}": v for k, v in metrics.items()})
+    mlflow.log_metrics(mlflow_metrics("eval", metrics))
     tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
     mlflow.log_text(render_samples(steps, limit=20, tokenizer=tokenizer), f"samples/eval_{model}.md")
+    k = params.evaluate.samples
     print(
-        f"evaluate {model} on {split} ({len(df)} rows): accuracy {metrics['accuracy']:.3f}, "
-        f"mean turns {metrics['mean_turns']:.2f}, valid tool calls {metrics['valid_tool_call_rate']:.3f}, "
-        f"format errors {metrics['format_error_rate']:.3f}"
-        + (
-            f"; sampled (T={params.evaluate.temperature:g}) mean@{params.evaluate.samples} "
-            f"{metrics['sampled_accuracy']:.3f}, pass@{params.evaluate.samples} {metrics['pass_at_k']:.3f}"
-            if "sampled_accuracy" in metrics
-            else ""
+        f"evaluate {model} on {split} ({len(df)} rows): "
+        + "; ".join(
+            f"{protocol_label(name, k)}: accuracy {metrics[name]['accuracy']:.3f}"
+            + (f", pass@{k} {metrics[name]['pass_at_k']:.3f}" if name != "greedy" else "")
+            + f", mean turns {metrics[name]['mean_turns']:.2f}"
+            + (f", loop rate {metrics[name]['loop_rate']:.3f}" if "loop_rate" in metrics[name] else "")
+            for name in params.evaluate.protocols
         )
+        + f"; greedy valid tool calls {metrics['valid_tool_call_rate']:.3f}, "
+        f"format errors {metrics['format_error_rate']:.3f}"
     )
     return metrics
+
+
+def mlflow_metrics(prefix: str, metrics: dict) -> dict[str, float]:
+    """``prefix/<key>`` of the flat numbers and ``prefix/<protocol>/<key>`` of each protocol's block."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out |= {f"{prefix}/{key}/{k}": float(v) for k, v in value.items()}
+        else:
+            out[f"{prefix}/{key}"] = float(value)
+    return out
 
 
 @flow(name="evaluate", log_prints=True)

@@ -10,7 +10,9 @@ the task's name; ``--exp``: only these DVC experiments), and writes
 
 - ``reports/sweep.md``: one row per DVC experiment and algorithm: the params that differ between the
   experiments, the RL seeds, the greedy validation success after each validation (mean over seeds),
-  and the final test success, greedy and sampled (mean over seeds, and per seed);
+  and the final test success, greedy and sampled at T=1 (mean over seeds, and per seed), then per
+  evaluation protocol (docs/evaluation.md) the test success of each sampled protocol and the loop rate
+  of each protocol, means over seeds, where the runs logged them;
 - ``reports/sweep.png``: one panel per DVC experiment, the validation curve of every run in it,
 
 and logs both to an MLflow run ``sweep``. It reads only what MLflow holds; it trains nothing.
@@ -19,6 +21,7 @@ and logs both to an MLflow run ``sweep``. It reads only what MLflow holds; it tr
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -30,6 +33,8 @@ from flows import REPO
 
 # params that identify a run rather than a setting (every run differs in them)
 IDENTITY = {"seed", "algo.rl_seed", "algo.name"}
+# A protocol's test metrics that get a column (flows/evaluate.py logs eval/<protocol>/<metric>).
+PROTOCOL_METRIC = re.compile(r"eval/(greedy|t[0-9.]+)/(accuracy|loop_rate)")
 
 
 @dataclass
@@ -40,7 +45,8 @@ class SweepRun:
     seed: int
     params: dict[str, str]
     val: list[tuple[int, float]]  # (iteration, greedy validation success); -1 = the SFT policy
-    test: dict[str, float] = field(default_factory=dict)  # eval/accuracy, eval/sampled_accuracy
+    # eval/accuracy, eval/sampled_accuracy, and eval/<protocol>/accuracy|loop_rate (PROTOCOL_METRIC)
+    test: dict[str, float] = field(default_factory=dict)
 
 
 def collect(experiment: str, exp_names: list[str] | None = None) -> list[SweepRun]:
@@ -68,7 +74,9 @@ def collect(experiment: str, exp_names: list[str] | None = None) -> list[SweepRu
                 params=dict(r.data.params),
                 val=sorted((m.step, m.value) for m in history),
                 test={
-                    k: v for k, v in r.data.metrics.items() if k in ("eval/accuracy", "eval/sampled_accuracy")
+                    k: v
+                    for k, v in r.data.metrics.items()
+                    if k in ("eval/accuracy", "eval/sampled_accuracy") or PROTOCOL_METRIC.fullmatch(k)
                 },
             )
         )
@@ -104,6 +112,11 @@ def table(runs: list[SweepRun]) -> str:
         "test sampled",
         "test greedy per seed",
     ]
+    # the protocols' columns (greedy accuracy is "test greedy" already)
+    extra = sorted(
+        {k for r in runs for k in r.test if PROTOCOL_METRIC.fullmatch(k)} - {"eval/greedy/accuracy"}
+    )
+    head += [f"test {k.split('/')[1]} {k.split('/')[2].replace('_', ' ')}" for k in extra]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (exp, algo), members in sorted(groups.items()):
         first = members[0].params
@@ -122,6 +135,7 @@ def table(runs: list[SweepRun]) -> str:
             _fmt(_mean(greedy)),
             _fmt(_mean(sampled)),
             ", ".join(_fmt(v) for v in greedy) or "-",
+            *(_fmt(_mean([r.test[k] for r in members if k in r.test])) for k in extra),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     settings = ", ".join(f"`{k}`" for k in keys) or "none (every experiment has the same params)"

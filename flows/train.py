@@ -36,7 +36,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components.agent.loop import Episode, episode_metrics
-from components.config import CompareParams, Params
+from components.config import CompareParams, Params, protocol_name
 from components.determinism import make_deterministic
 from components.envs import get_task
 from components.io import write_json, write_parquet, write_text
@@ -110,11 +110,15 @@ def fingerprint(
     return {
         "critic_sha256": file_digest(critic) if critic is not None else None,
         "algo": params.algorithms[algo].model_dump(),
-        "train": params.train.model_dump(exclude={"iterations", "val_every", "val_samples"}),
+        "train": params.train.model_dump(
+            exclude={"iterations", "val_every", "val_samples", "val_temperatures"}
+        ),
         "rollout": params.rollout.model_dump(),
         "deepspeed": params.deepspeed.model_dump(),
         "seed": params.seed,
         "task": params.task,
+        # the task's own settings: its environment's rewards and prompt (e.g. sokoban's noop_penalty)
+        "task_settings": params.task_params.model_dump(),
         "rl_prompts_after_row": params.sft.rows,
         "sft": json.loads((sft / MARKER).read_text()),
         "sft_sha256": file_digest(sft),
@@ -262,41 +266,53 @@ def sync(session: Session) -> None:
 
 
 @task(cache_policy=NO_CACHE)
-def validate(session: Session, name: str, k: int, params: Params) -> dict:
+def validate(session: Session, name: str, k: int, params: Params, seed: int) -> dict:
+    """Validation of the policy after iteration ``k`` (-1: the SFT policy) on the first
+    ``train.val_samples`` val rows: one greedy episode per row, and one per row sampled at each of
+    ``train.val_temperatures`` (sampling seed ``seed``: the SFT seed, the same for every run). Its
+    metrics: ``val/<key>`` and ``val/greedy/<key>`` of the greedy episodes, ``val/t<T>/<key>`` of those
+    sampled at T (episode metrics and the task's own, e.g. sokoban's success and loop rates)."""
     spec = get_task(params.task)
     r = params.rollout
     data_dir = processed(params.task)
     rows = pl.read_parquet(data_dir / "val.parquet").head(params.train.val_samples).to_dicts()
-    episodes = [
-        Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row, data_dir=data_dir), row)
-        for row in rows
-    ]
-    steps = session.play(
-        episodes,
-        max_steps=r.max_steps,
-        max_prompt_len=r.max_prompt_len,
-        max_response_len=r.max_response_len,
-        context_window=r.context_window,
-        temperature=0.0,
-        seed=params.seed,
-        desc=f"{name} validate {k}",
-    )
-    metrics = {**episode_metrics(steps), **spec.task_metrics(steps)}  # the task's own (recipe hook)
-    return {f"val/{key}": v for key, v in metrics.items() if key != "n_episodes"}
+    out = {}
+    for temperature in [None, *params.train.val_temperatures]:
+        protocol = protocol_name(temperature)
+        episodes = [
+            Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row, data_dir=data_dir), row)
+            for row in rows
+        ]
+        steps = session.play(
+            episodes,
+            max_steps=r.max_steps,
+            max_prompt_len=r.max_prompt_len,
+            max_response_len=r.max_response_len,
+            context_window=r.context_window,
+            temperature=0.0 if temperature is None else temperature,
+            seed=seed,
+            desc=f"{name} validate {k} ({protocol})",
+        )
+        metrics = {**episode_metrics(steps), **spec.task_metrics(steps)}  # the task's own (recipe hook)
+        metrics.pop("n_episodes")
+        out |= {f"val/{protocol}/{key}": v for key, v in metrics.items()}
+        if temperature is None:  # the keys of the greedy validation before protocols
+            out |= {f"val/{key}": v for key, v in metrics.items()}
+    return out
 
 
 @task(cache_key_fn=content_key("sft", "val_split", ignore=("session", "name", "params")), persist_result=True)
 def validate_sft(
     session: Session, name: str, params: Params, sft: str, val_split: str, depends_on: dict
 ) -> dict:
-    """:func:`validate` of the SFT policy (iteration -1, greedy): the same for every run from one SFT
+    """:func:`validate` of the SFT policy (iteration -1): the same for every run from one SFT
     checkpoint, so the first run of a pipeline plays it and the others read it from the Prefect
-    cache, keyed on the checkpoint's and the val split's bytes and ``depends_on`` (the settings and
-    the code it depends on; not the RL seed: greedy decoding draws nothing)."""
-    return validate.fn(session, name, -1, params)
+    cache, keyed on the checkpoint's and the val split's bytes and ``depends_on`` (the settings, the
+    sampling seed and the code it depends on; not the RL seed: validation samples with the SFT seed)."""
+    return validate.fn(session, name, -1, params, depends_on["val_seed"])
 
 
-def _sft_val_depends_on(params: Params) -> dict:
+def _sft_val_depends_on(params: Params, val_seed: int) -> dict:
     return {
         "code": source_digest(REPO / "components", REPO / "flows"),
         "task": params.task,
@@ -304,6 +320,8 @@ def _sft_val_depends_on(params: Params) -> dict:
         "tasks": params.tasks,
         "rollout": params.rollout.model_dump(),
         "val_samples": params.train.val_samples,
+        "val_temperatures": params.train.val_temperatures,
+        "val_seed": val_seed,
     }
 
 
@@ -409,16 +427,16 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
             history_of = mlflow.tracking.MlflowClient().get_metric_history
             logged = {m.step for m in history_of(active.info.run_id, "timing_s/iteration")}
             with _timed(parts, "initial_validation"):
-                initial = _initial_validation(session, params, name, resumed=last >= 0)
-            history = [] if initial is None else [{"iteration": -1, "val/accuracy": initial}]
-            if initial is not None and -1 not in logged:  # the SFT policy: step -1 of the val curve
-                mlflow.log_metric("val/accuracy", initial, step=-1)
+                initial = _initial_validation(session, params, name, sft_seed, resumed=last >= 0)
+            history = [] if initial is None else [{"iteration": -1, **initial}]
+            if initial is not None and -1 not in logged:  # the SFT policy: step -1 of the val curves
+                mlflow.log_metrics(initial, step=-1)
             with _timed(parts, "iterations"):
                 for k in range(t.iterations):
                     if _finished(name, k):
                         metrics = json.loads((iter_dir(name, k) / "metrics.json").read_text())
                     else:
-                        metrics = _iteration(session, params, algo, name, k, run)
+                        metrics = _iteration(session, params, algo, name, k, run, sft_seed)
                     if k not in logged:  # exactly once per iteration, even across crashes
                         mlflow.log_metrics(metrics, step=k)
                         samples = iter_dir(name, k) / "samples.md"
@@ -445,33 +463,42 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
 
 
 def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run_id: str | None):
-    """The run's MLflow run: the shared sections train, rollout and evaluate as they are, ``seed`` (the RL seed:
-    ``params.seed`` is already replaced here; the SFT model's seed is the tag ``steprl.sft_seed``) and
-    this algorithm's parts under ``algo.*`` (:func:`algo_params`); no other algorithm's block."""
+    """The run's MLflow run: the shared sections train, rollout, evaluate and the task's own
+    (``tasks.<task>.*``: a sweep of a task setting, e.g. sokoban's remedies, shows it) as they are,
+    ``seed`` (the RL seed: ``params.seed`` is already replaced here; the SFT model's seed is the tag
+    ``steprl.sft_seed``) and this algorithm's parts under ``algo.*`` (:func:`algo_params`); no other
+    algorithm's block."""
     return mlflow_run(
         params,
         CompareParams.run_name(algo, rl_seed),
-        ["train", "rollout", "evaluate"],
+        ["train", "rollout", "evaluate", f"tasks.{params.task}"],
         run_id=run_id,
         tags={"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)},
         extra_params=algo_params(params, algo, rl_seed),
     )
 
 
-def _initial_validation(session: Session, params: Params, name: str, resumed: bool) -> float | None:
-    """Greedy val accuracy of the starting (SFT) policy: the curves' point at iteration -1, computed
-    once before the first update (None for a run resumed from a directory that lacks it)."""
+def _initial_validation(
+    session: Session, params: Params, name: str, val_seed: int, resumed: bool
+) -> dict | None:
+    """Validation metrics of the starting (SFT) policy (:func:`validate`): the curves' point at
+    iteration -1, computed once before the first update (None for a run resumed from a directory that
+    lacks it)."""
     path = run_dir(name) / "val_initial.json"
     if not path.is_file():
         if resumed:
             return None
         val_split = processed(params.task) / "val.parquet"
-        depends_on = _sft_val_depends_on(params)
+        depends_on = _sft_val_depends_on(params, val_seed)
         write_json(validate_sft(session, name, params, str(SFT), str(val_split), depends_on), path)
-    return json.loads(path.read_text())["val/accuracy"]
+    return json.loads(path.read_text())
 
 
-def _iteration(session: Session, params: Params, algo: str, name: str, k: int, run: str) -> dict:
+def _iteration(
+    session: Session, params: Params, algo: str, name: str, k: int, run: str, val_seed: int
+) -> dict:
+    """Iteration ``k`` of the run (rollout -> score -> advantage -> update -> sync, then validation
+    with sampling seed ``val_seed`` when due); its metrics."""
     t = params.train
     policy = Path(session.version)
     policy_marker = str(policy / MARKER) if (policy / MARKER).is_file() else str(policy / "actor" / MARKER)
@@ -504,7 +531,7 @@ def _iteration(session: Session, params: Params, algo: str, name: str, k: int, r
     last = k == t.iterations - 1
     if (k + 1) % t.val_every == 0 or last:
         t1 = time.perf_counter()
-        metrics.update(validate(session, name, k, params))
+        metrics.update(validate(session, name, k, params, val_seed))
         timing["validation"] = time.perf_counter() - t1
     timing["iteration"] = time.perf_counter() - t0
     metrics.update({f"timing_s/{key}": v for key, v in timing.items()})

@@ -495,3 +495,45 @@ def test_process_reward_weight_only_for_tasks_that_score_tool_calls():
         load_params(PARAMS, overrides={"task": "search_calc", "train.process_reward_weight": -1.0})
     with pytest.raises(ConfigError, match="rollout.max_steps=3 < 4"):
         load_params(PARAMS, overrides={"task": "search_calc", "rollout.max_steps": 3})
+
+
+# --- evaluation protocols ------------------------------------------------------------------------
+
+
+def test_protocols_are_greedy_then_one_per_temperature():
+    from components.config import protocol_label, protocol_name
+
+    p = parse_params({"task": "calc"})
+    assert p.evaluate.protocols == ["greedy", "t0.4", "t1"] and p.compare.headline == "t0.4"
+    assert p.train.val_temperatures == [0.4]
+    assert protocol_name(None) == "greedy" and protocol_name(0.5) == "t0.5" and protocol_name(1.0) == "t1"
+    assert (
+        protocol_label("t0.4", 2) == "sampled at T=0.4, 2 per problem"
+        and protocol_label("greedy") == "greedy"
+    )
+    greedy_only = parse_params(
+        {"task": "calc", "evaluate": {"samples": 0}, "compare": {"headline": "greedy"}}
+    )
+    assert greedy_only.evaluate.protocols == ["greedy"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"evaluate": {"temperature": 1.0}}, "evaluate.temperature is now evaluate.temperatures"),
+        (
+            {"evaluate": {"temperatures": [0.4, 0.4]}},
+            r"evaluate.temperatures: \[0.4, 0.4\] repeats temperature 0.4",
+        ),
+        ({"evaluate": {"temperatures": [0.0]}}, r"evaluate.temperatures: .*must be in \(0, 2\]"),
+        ({"train": {"val_temperatures": [2.5]}}, r"train.val_temperatures: .*must be in \(0, 2\]"),
+        (
+            {"compare": {"headline": "t0.5"}},
+            r"compare.headline='t0.5' is not an evaluated protocol.*'t0.4', 't1'",
+        ),
+        ({"evaluate": {"samples": 0}}, r"compare.headline='t0.4' is not an evaluated protocol.*\['greedy'\]"),
+    ],
+)
+def test_bad_protocol_settings_name_the_key(raw, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_params({"task": "calc", **raw})

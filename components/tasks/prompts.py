@@ -1,15 +1,26 @@
 """What the tasks' prompts share: the initial messages of an episode (the task's system prompt, then
 the row's question as the user message, which a task may first render, e.g. sokoban's grid), and the
-``<answer>...</answer>`` a final answer is given in (:func:`answer_content`; each task judges it)."""
+``<answer>...</answer>`` a final answer is given in (:func:`answer_content`; each task judges it), and
+BALROG's line against repeating an action that changed nothing (:data:`REPEAT_HINT`, :func:`with_repeat_hint`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["answer_content", "question_messages"]
+__all__ = ["REPEAT_HINT", "answer_content", "question_messages", "with_repeat_hint"]
 
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+# BALROG's BabyAI instruction prompt, word for word: a remedy for greedy agents that repeat a move
+# that changed nothing (tasks.sokoban.repeat_hint, tasks.babyai.repeat_hint).
+REPEAT_HINT = (
+    "It doesn't make sense to repeat the same action over and over if the observation doesn't change."
+)
+
+
+def with_repeat_hint(system_prompt: str, on: bool) -> str:
+    """``system_prompt`` with :data:`REPEAT_HINT` as its last sentence when ``on``."""
+    return f"{system_prompt} {REPEAT_HINT}" if on else system_prompt
 
 
 def question_messages(

@@ -18,19 +18,38 @@ from components.config import parse_params
 N = 200
 
 
-def write_run(root, name: str, correct, sampled, eval_extra=None, train=None):
+def write_run(root, name: str, correct, sampled, eval_extra=None, train=None, t04=None, loops=None):
+    """A run's metrics files as the evaluation writes them: greedy ``correct``, the T=1 protocol's
+    ``sampled`` (also the legacy ``sampled_correct``), the T=0.4 protocol's ``t04`` (default: ``sampled``)
+    and, with ``loops`` (greedy, t0.4, t1 per-problem loop rates), the loop columns of a task with state
+    keys."""
     (root / "metrics").mkdir(exist_ok=True)
     (root / "plots").mkdir(exist_ok=True)
-    pl.DataFrame(
-        {
-            "id": [f"p{i}" for i in range(N)],
-            "correct": list(map(int, correct)),
-            "sampled_correct": list(map(float, sampled)),
-            "n_sampled": [2] * N,
-            "return": [10.0 * float(x) for x in correct],
-            "turns": [2 if x else 4 for x in correct],
-        }
-    ).write_parquet(root / "metrics" / f"problems_{name}.parquet")
+    t04 = sampled if t04 is None else t04
+    table = {
+        "id": [f"p{i}" for i in range(N)],
+        "correct": list(map(int, correct)),
+        "sampled_correct": list(map(float, sampled)),
+        "n_sampled": [2] * N,
+        "return": [10.0 * float(x) for x in correct],
+        "turns": [2 if x else 4 for x in correct],
+        "t0.4_correct": list(map(float, t04)),
+        "t0.4_n": [2] * N,
+        "t1_correct": list(map(float, sampled)),
+        "t1_n": [2] * N,
+    }
+    blocks = {
+        "greedy": {"accuracy": float(np.mean(correct))},
+        "t0.4": {"accuracy": float(np.mean(t04)), "pass_at_k": 0.8},
+        "t1": {"accuracy": float(np.mean(sampled)), "pass_at_k": 0.9},
+    }
+    if loops is not None:
+        for (column, block), values in zip(
+            (("loop_rate", "greedy"), ("t0.4_loop_rate", "t0.4"), ("t1_loop_rate", "t1")), loops
+        ):
+            table[column] = list(map(float, values))
+            blocks[block]["loop_rate"] = float(np.mean(values))
+    pl.DataFrame(table).write_parquet(root / "metrics" / f"problems_{name}.parquet")
     ev = {
         "model": name,
         "accuracy": float(np.mean(correct)),
@@ -39,6 +58,7 @@ def write_run(root, name: str, correct, sampled, eval_extra=None, train=None):
         "mean_turns": 2.0,
         "valid_tool_call_rate": 1.0,
         "format_error_rate": 0.0,
+        **blocks,
         **(eval_extra or {}),
     }
     (root / "metrics" / f"eval_{name}.json").write_text(json.dumps(ev))
@@ -82,22 +102,26 @@ def test_report_intervals_per_seed_rows_and_words(workspace):
     report = Path(compare.table.fn(params)).read_text()
     assert report == (root / "reports" / "compare.md").read_text()
     header = cells(report, "algorithm")
-    assert header[:6] == [
+    assert header[:8] == [  # the headline protocol (compare.headline: t0.4 by default) first
         "algorithm",
         "seeds",
+        "accuracy (sampled at T=0.4, 2 per problem) [95% CI]",
+        "t0.4 vs SFT [95% CI]",
         "accuracy (greedy) [95% CI]",
         "greedy vs SFT [95% CI]",
-        "sampled accuracy (mean@k) [95% CI]",
-        "sampled vs SFT [95% CI]",
+        "accuracy (sampled at T=1, 2 per problem) [95% CI]",
+        "t1 vs SFT [95% CI]",
     ]
+    assert "**Headline protocol: sampled at T=0.4, 2 per problem.**" in report
     assert "tool calls per step" in header and "answer without tool" not in header  # only keys some file has
+    assert "pass@k (sampled at T=0.4, 2 per problem)" in header and "## Loops" not in report
     grpo, ppo, sft = cells(report, "grpo"), cells(report, "ppo"), cells(report, "sft")
     interval = re.compile(r"^[+-]?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]$")
     for row in (grpo, ppo):
-        assert all(interval.match(c) for c in row[2:6]), row
-    assert grpo[1] == "0, 1" and grpo[2] == "1.000 [1.000, 1.000]" and grpo[3].startswith("+0.500 [")
-    assert ppo[3] == "+0.000 [0.000, 0.000]"
-    lo, hi = map(float, re.findall(r"-?\d\.\d{3}", sft[2])[1:])
+        assert all(interval.match(c) for c in row[2:8]), row
+    assert grpo[1] == "0, 1" and grpo[4] == "1.000 [1.000, 1.000]" and grpo[5].startswith("+0.500 [")
+    assert ppo[5] == "+0.000 [0.000, 0.000]"
+    lo, hi = map(float, re.findall(r"-?\d\.\d{3}", sft[4])[1:])
     assert lo < 0.5 < hi and hi - lo < 0.2  # 200 problems, half solved
     # the other columns are per-algorithm means over the seeds
     assert grpo[header.index("mean turns")] == "1.50" and grpo[header.index("train wall time (s)")] == "150"
@@ -109,23 +133,24 @@ def test_report_intervals_per_seed_rows_and_words(workspace):
         run = cells(report, name)
         assert run[1] == name.split("-")[0] and run[2] == name[-1], run
     assert cells(report, "grpo-s1")[cells(report, "run").index("mean turns")] == "2.00"
-    assert cells(report, "grpo - ppo")[1].startswith("+0.500 [")
+    assert cells(report, "grpo - ppo")[2].startswith("+0.500 [")
     words = {line.split("**")[1]: line for line in report.splitlines() if line.startswith("- **")}
-    assert "greedy accuracy 1.000, against SFT significantly higher (+0.500" in words["grpo"]
-    assert "against ppo: greedy significantly higher" in words["grpo"]
+    assert "greedy: accuracy 1.000, against SFT significantly higher (+0.500" in words["grpo"]
+    assert "against ppo: sampled at T=0.4, 2 per problem significantly higher" in words["grpo"]
+    assert "greedy significantly higher" in words["grpo"]
     assert (
-        "greedy accuracy 0.500, against SFT no significant difference (+0.000 [0.000, 0.000]" in words["ppo"]
+        "greedy: accuracy 0.500, against SFT no significant difference (+0.000 [0.000, 0.000]" in words["ppo"]
     )
-    assert "against grpo: greedy significantly lower (-0.500" in words["ppo"]
-    assert "sampled mean@2 accuracy" in words["ppo"]
-    assert "return 10.000, against SFT significantly higher (+5.000" in words["grpo"]
+    assert "greedy significantly lower (-0.500" in words["ppo"]
+    assert "sampled at T=1, 2 per problem: accuracy" in words["ppo"]
+    assert "greedy: return 10.000, against SFT significantly higher (+5.000" in words["grpo"]
     assert "resample" in report and "RL seeds and test problems, crossed" in report
     # the greedy episode's return and turns: grpo solves all (return 10, 2 turns), SFT half (5, 3 turns)
     episode = cells(report, "grpo", 1)
     assert episode[1] == "10.000 [10.000, 10.000]" and episode[2].startswith("+5.000 [")
     assert episode[3] == "2.000 [2.000, 2.000]" and episode[4].startswith("-1.000 [")
-    assert cells(report, "grpo - ppo")[3].startswith("+5.000 [") and cells(report, "grpo - ppo")[
-        4
+    assert cells(report, "grpo - ppo")[4].startswith("+5.000 [") and cells(report, "grpo - ppo")[
+        5
     ].startswith("-1.000 [")
 
 
@@ -234,3 +259,78 @@ def test_collapse_signs_and_critic_per_run(workspace):
     p0 = cells(report, "ppo-s0", 1)
     assert p0[5] == "0.100 / -0.200 / 0.450" and p0[6].startswith("no sign of collapse (reward std 3 -> 3")
     assert cells(report, "ppo-s1", 1)[1:] == ["-"] * 6  # an old csv: nothing to read
+
+
+def test_each_protocol_its_own_values_headline_greedy(workspace):
+    """Distinct values per protocol land in their own columns and sentences; compare.headline=greedy
+    leads the table and the intro names it."""
+    root, params = workspace
+    sft = np.arange(N) % 2 == 0
+    write_run(root, "sft", sft, np.where(sft, 0.5, 0.0), t04=np.zeros(N))
+    for seed in (0, 1):
+        train = {"train_wall_time_s": 1.0, "generated_tokens": 1}
+        write_run(root, f"grpo-s{seed}", sft, np.where(sft, 0.5, 0.0), t04=np.ones(N), train=train)
+    params = params.model_copy(update={"compare": params.compare.model_copy(update={"headline": "greedy"})})
+    report = Path(compare.table.fn(params)).read_text()
+    assert "**Headline protocol: greedy.**" in report
+    header = cells(report, "algorithm")
+    assert header[2] == "accuracy (greedy) [95% CI]" and header[4].startswith("accuracy (sampled at T=0.4")
+    grpo = dict(zip(header, cells(report, "grpo")))
+    assert grpo["greedy vs SFT [95% CI]"] == "+0.000 [0.000, 0.000]"
+    assert grpo["t0.4 vs SFT [95% CI]"] == "+1.000 [1.000, 1.000]"
+    assert grpo["t1 vs SFT [95% CI]"] == "+0.000 [0.000, 0.000]"
+    run = dict(zip(cells(report, "run"), cells(report, "grpo-s0")))
+    assert run["accuracy (sampled at T=0.4, 2 per problem)"] == "1.000"
+    words = next(line for line in report.splitlines() if line.startswith("- **grpo**"))
+    assert "sampled at T=0.4, 2 per problem: accuracy 1.000, against SFT significantly higher" in words
+
+
+def test_loop_rates_per_protocol_with_intervals(workspace):
+    """A task with state keys: the Loops table shows each protocol's loop rate and its difference to SFT."""
+    root, params = workspace
+    sft = np.arange(N) % 2 == 0
+    loops = (np.full(N, 0.4), np.full(N, 0.2), np.full(N, 0.1))
+    write_run(root, "sft", sft, np.where(sft, 0.5, 0.0), loops=loops)
+    fewer = (np.full(N, 0.1), np.full(N, 0.1), np.full(N, 0.1))
+    for seed in (0, 1):
+        train = {"train_wall_time_s": 1.0, "generated_tokens": 1}
+        write_run(root, f"grpo-s{seed}", np.ones(N), np.ones(N), loops=fewer, train=train)
+        write_run(root, f"ppo-s{seed}", sft, np.where(sft, 0.5, 0.0), loops=loops, train=train)
+    report = Path(compare.table.fn(params)).read_text()
+    assert "## Loops" in report
+    header = cells(report, "model")
+    assert header[1:3] == ["loop rate (sampled at T=0.4, 2 per problem) [95% CI]", "t0.4 vs SFT [95% CI]"]
+    grpo = dict(zip(header, cells(report, "grpo", 1)))  # row 0 is the accuracy table
+    assert grpo["loop rate (greedy) [95% CI]"] == "0.100 [0.100, 0.100]"
+    assert grpo["greedy vs SFT [95% CI]"] == "-0.300 [-0.300, -0.300]"
+    assert dict(zip(header, cells(report, "sft", 1)))["loop rate (greedy) [95% CI]"] == "0.400 [0.400, 0.400]"
+    run = dict(zip(cells(report, "run"), cells(report, "ppo-s1")))
+    assert run["loop rate (greedy)"] == "0.400"
+    words = next(line for line in report.splitlines() if line.startswith("- **grpo**"))
+    assert "greedy: loop rate 0.100, against SFT significantly lower (-0.300" in words
+
+
+def test_a_protocol_missing_from_a_problems_file_is_named(workspace):
+    root, params = workspace
+    path = root / "metrics" / "problems_ppo-s0.parquet"
+    pl.read_parquet(path).drop("t0.4_correct").write_parquet(path)
+    with pytest.raises(compare.StageError, match=r"problems_ppo-s0.parquet: no column 't0.4_correct'"):
+        compare.table.fn(params)
+
+
+def test_interval_metrics_name_model_protocol_and_interval():
+    from components.stats import Estimate
+
+    params = parse_params({"task": "calc", "compare": {"algorithms": ["grpo"], "seeds": [0]}})
+    est = {
+        "kinds": ["t0.4", "greedy"],
+        "loops": False,
+        "mean": {(p, m): Estimate(0.5, 0.4, 0.6) for p in ("t0.4", "greedy") for m in ("sft", "grpo")},
+        "vs_sft": {(p, "grpo"): Estimate(0.1, -0.1, 0.3) for p in ("t0.4", "greedy")},
+    }
+    m = compare.interval_metrics(params, est)
+    assert m["compare/sft/t0.4/accuracy"] == 0.5 and m["compare/sft/t0.4/accuracy_low"] == 0.4
+    assert (
+        m["compare/grpo/greedy/accuracy_vs_sft_high"] == 0.3 and "compare/sft/greedy/accuracy_vs_sft" not in m
+    )
+    assert len(m) == 2 * 3 + 2 * 6  # sft: value and interval per protocol; grpo: and its difference

@@ -62,3 +62,23 @@ def test_main_writes_the_report_and_the_chart(store, tmp_path, monkeypatch):
     assert "| exp-b | grpo | 0.05 |" in (tmp_path / "reports" / "sweep.md").read_text()
     assert (tmp_path / "reports" / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert sweep.main(["--experiment", "sokoban", "--exp", "nothing"]) == 1
+
+
+def test_protocol_columns_when_runs_logged_them(store, monkeypatch):
+    """Runs that logged eval/<protocol>/accuracy and loop_rate get a column each (means over seeds)."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    exp = mlflow.get_experiment_by_name("sokoban").experiment_id
+    for seed, loop in ((0, 0.2), (1, 0.4)):
+        tags = {"dvc.exp_name": "exp-c", "steprl.algo": "ppo", "steprl.rl_seed": str(seed)}
+        with mlflow.start_run(experiment_id=exp, run_name=f"ppo-s{seed}", tags=tags):
+            mlflow.log_metrics(
+                {"eval/accuracy": 0.5, "eval/t0.4/accuracy": 0.6, "eval/greedy/loop_rate": loop}
+            )
+    text = sweep.table(sweep.collect("sokoban", ["exp-c"]))
+    header = next(line for line in text.splitlines() if line.startswith("| DVC experiment"))
+    head = [c.strip() for c in header.strip("|").split("|")]
+    assert head[-2:] == ["test greedy loop rate", "test t0.4 accuracy"]
+    row = next(line for line in text.splitlines() if line.startswith("| exp-c | ppo |"))
+    assert [c.strip() for c in row.strip("|").split("|")][-2:] == ["0.300", "0.600"]

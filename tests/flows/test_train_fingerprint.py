@@ -28,3 +28,15 @@ def test_fingerprint_changes_with_the_sft_weights_and_the_train_split(tmp_path):
     assert other != a and other["sft"] == a["sft"]  # the marker alone (sizes) cannot tell them apart
     split.write_bytes(b"rows of seed 1")
     assert fingerprint(params, "grpo", tmp_path / "a", split) != a
+
+
+def test_fingerprint_changes_with_the_tasks_own_settings(tmp_path):
+    """A setting of tasks.<task> (the environment's rewards and prompt, e.g. sokoban's noop_penalty or
+    repeat_hint) changes what the iterations play: a run in the same workspace starts afresh."""
+    split = tmp_path / "train.parquet"
+    split.write_bytes(b"rows")
+    sft = _sft(tmp_path / "a", b"\x00" * 64)
+    base = parse_params(RAW)
+    calc = {**RAW["tasks"]["calc"], "max_operand": 50}
+    switched = parse_params({**RAW, "tasks": {**RAW["tasks"], "calc": calc}})
+    assert fingerprint(base, "grpo", sft, split) != fingerprint(switched, "grpo", sft, split)

@@ -9,7 +9,9 @@ wrapper that only reads: it adds to ``info`` the world state GiGPO groups steps 
 The text codec (``text.py``) writes the observation as short sentences and parses
 ``<action>go forward</action>``; anything else is an invalid action: the model is told why and sees
 the unchanged observation, the world does not step, and the turn costs ``invalid_penalty`` (plus
-``train.malformed_penalty``).
+``train.malformed_penalty``). :class:`NoopPenalty` marks a valid action after which the world state is
+unchanged (``info["blocked"]``) and adds ``noop_penalty`` to its reward (0 by default); with
+``repeat_hint`` the system prompt ends with BALROG's line against repeating such an action.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from minigrid.envs.babyai.core import roomgrid_level
 from components.envs.gym_text import GymTextEnv, TextCodec
 from components.tasks.babyai.prompts import SYSTEM_PROMPT, intro
 from components.tasks.babyai.text import describe, parse_action
+from components.tasks.prompts import with_repeat_hint
 
 __all__ = [
     "CODEC",
     "ENV_FILE",
+    "NoopPenalty",
     "WorldState",
     "make_env",
     "make_level",
@@ -112,6 +116,33 @@ class WorldState(gym.Wrapper):
         }
 
 
+class NoopPenalty(gym.Wrapper):
+    """Over :class:`WorldState`: ``info["blocked"]`` when an action left the world state (its
+    ``state_key``) as it was, and ``penalty`` (<= 0) added to that step's reward."""
+
+    def __init__(self, env: gym.Env, penalty: float = 0.0) -> None:
+        super().__init__(env)
+        self.penalty = float(penalty)
+        self._key: str | None = None
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self._key = info["state_key"]
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        blocked = info["state_key"] == self._key
+        self._key = info["state_key"]
+        return (
+            obs,
+            reward + (self.penalty if blocked else 0.0),
+            terminated,
+            truncated,
+            {**info, "blocked": blocked},
+        )
+
+
 def make_level(level: str = DEFAULT_LEVEL, env_max_steps: int | None = None) -> WorldState:
     """The BabyAI level ``level`` as minigrid makes it (``env_max_steps``: its time limit; None = the
     level's own), wrapped in :class:`WorldState`."""
@@ -141,6 +172,8 @@ def make_env(
     level: str = DEFAULT_LEVEL,
     env_max_steps: int | None = None,
     invalid_penalty: float = -0.1,
+    repeat_hint: bool = False,
+    noop_penalty: float = 0.0,
 ) -> GymTextEnv:
     """A fresh babyai environment (``row`` is accepted for the common factory signature; reset() takes
     the row). ``level``, ``env_max_steps`` and ``invalid_penalty`` are the settings when ``data_dir``
@@ -151,14 +184,18 @@ def make_env(
         "level": level,
         "env_max_steps": env_max_steps,
         "invalid_penalty": invalid_penalty,
+        "repeat_hint": repeat_hint,
+        "noop_penalty": noop_penalty,
     }
     if data_dir is not None and (Path(data_dir) / ENV_FILE).is_file():
+        # data prepared before the remedies: none of them
+        settings.update({"repeat_hint": False, "noop_penalty": 0.0})
         settings.update(json.loads((Path(data_dir) / ENV_FILE).read_text()))
-    env = make_level(str(settings["level"]), settings["env_max_steps"])
+    env = NoopPenalty(make_level(str(settings["level"]), settings["env_max_steps"]), settings["noop_penalty"])
     return GymTextEnv(
         env,
         CODEC,
-        SYSTEM_PROMPT,
+        with_repeat_hint(SYSTEM_PROMPT, bool(settings["repeat_hint"])),
         intro=lambda row, text: intro(text),
         reset_kwargs=_reset_kwargs,
         invalid_reward=float(settings["invalid_penalty"]) + malformed_penalty,

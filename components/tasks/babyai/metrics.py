@@ -7,6 +7,8 @@ Reads step records; the environment writes each step's numbers as JSON into ``ta
 - ``steps_to_success``: mean agent turns of the successful episodes, invalid ones included (0 when
   none succeeded);
 - ``invalid_action_rate``: invalid actions per agent turn (unparseable or unknown actions);
+- ``loop_rate``, ``revisit_rate``, ``looping_episodes``: how much the episodes loop (a reply that
+  changed nothing sent again, a state seen again; components/tasks/step_records.py);
 - ``return``: mean over episodes of the summed step rewards (minigrid's reward on success, the
   invalid-action penalties).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.tasks.step_records import by_trajectory, step_numbers
+from components.tasks.step_records import by_trajectory, loop_metrics, step_numbers
 
 __all__ = ["episode_metrics"]
 
@@ -37,4 +39,5 @@ def episode_metrics(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "steps_to_success": turns_solved / solved if solved else 0.0,
         "invalid_action_rate": invalid / max(turns, 1),
         "return": ret / n,
+        **loop_metrics(steps),
     }

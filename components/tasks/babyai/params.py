@@ -27,6 +27,15 @@ class BabyAIParams(TaskParams):
     max_moves: int = Field(12, ge=1, le=1000)
     # An invalid action (no step in the world) costs invalid_penalty; minigrid's own steps cost nothing.
     invalid_penalty: float = Field(-0.1, le=0)
+    # Remedies for greedy agents that repeat an action that changed nothing (docs/evaluation.md), off by
+    # default. repeat_hint: BALROG's line "It doesn't make sense to repeat the same action over and
+    # over if the observation doesn't change." ends the system prompt of every episode (rollouts,
+    # validation, evaluation; SFT's demonstrations keep the prompt without it). noop_penalty: added to
+    # the reward of a valid action after which the world state (the state key) is unchanged (going
+    # forward into a wall, picking up nothing); an unparseable reply costs invalid_penalty instead.
+    # 0 = off.
+    repeat_hint: bool = False
+    noop_penalty: float = Field(0.0, le=0, ge=-10)
     # Weaker demonstrations beside the bot's (train split): the bot, but with probability weak_epsilon
     # each turn a random move (turn left, turn right, go forward) instead of its own action; the bot
     # replans from wherever that leaves it. Only episodes solved within max_moves + weak_extra_moves
@@ -65,4 +74,6 @@ class BabyAIParams(TaskParams):
             "level": self.level,
             "env_max_steps": self.env_max_steps,
             "invalid_penalty": self.invalid_penalty,
+            "repeat_hint": self.repeat_hint,
+            "noop_penalty": self.noop_penalty,
         }

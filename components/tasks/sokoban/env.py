@@ -4,8 +4,9 @@
 task row's ``level`` column), ``Discrete(4)`` actions (0 up, 1 down, 2 left, 3 right), observations
 are the grid as an (H, W) array of cell codes. Rewards are RAGEN's (after gym-sokoban): every move
 ``step_penalty``; pushing a box onto a target ``box_on_target``, off one ``box_off_target``; all boxes on
-targets ``success_reward`` and the episode terminates. ``info`` has ``boxes_on_target``, ``moved`` and
-``is_success``.
+targets ``success_reward`` and the episode terminates; a move that changed nothing (into a wall, or a
+box that cannot move) adds ``noop_penalty`` (0 by default: RAGEN has none). ``info`` has
+``boxes_on_target``, ``moved``, ``blocked`` and ``is_success``.
 
 The text codec shows the grid with RAGEN's symbols (``render`` in level.py), after the line "Nothing
 moved." when the last move changed nothing (``blocked_note``, off by default), then (``offsets``, on by
@@ -13,7 +14,8 @@ default) one line per unplaced box saying where it is from the player and where 
 from it, and parses an action written
 as ``<action>up</action>`` (case-insensitive; up, down, left, right). Anything else is an invalid action:
 the model is told why and sees the unchanged grid, the step costs ``step_penalty + invalid_penalty``.
-The state key of a step is the grid state (player and boxes), GiGPO's anchor state.
+With ``repeat_hint`` the system prompt ends with BALROG's line against repeating an action that
+changed nothing (components.tasks.prompts.REPEAT_HINT). The state key of a step is the grid state (player and boxes), GiGPO's anchor state.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from components.envs.gym_text import GymTextEnv, InvalidAction, TextCodec
+from components.tasks.prompts import with_repeat_hint
 from components.tasks.sokoban.level import (
     ACTIONS,
     SYMBOLS,
@@ -63,9 +66,11 @@ class SokobanEnv(gym.Env):
         box_on_target: float = 1.0,
         box_off_target: float = -1.0,
         success_reward: float = 10.0,
+        noop_penalty: float = 0.0,
         max_size: int = 16,
     ) -> None:
         self.step_penalty = step_penalty
+        self.noop_penalty = noop_penalty
         self.box_on_target = box_on_target
         self.box_off_target = box_off_target
         self.success_reward = success_reward
@@ -95,6 +100,8 @@ class SokobanEnv(gym.Env):
         after = len(self.state.boxes & self.level.targets)
         reward = self.step_penalty
         reward += self.box_on_target * max(after - before, 0) + self.box_off_target * max(before - after, 0)
+        if not moved:
+            reward += self.noop_penalty
         success = after == len(self.state.boxes)
         if success:
             reward += self.success_reward
@@ -183,6 +190,8 @@ def make_env(
     box_off_target: float = -1.0,
     success_reward: float = 10.0,
     blocked_note: bool = False,
+    repeat_hint: bool = False,
+    noop_penalty: float = 0.0,
 ) -> GymTextEnv:
     """A fresh sokoban environment (``row`` is accepted for the common factory signature; reset()
     takes the row). ``malformed_penalty`` (train.malformed_penalty, <= 0) is added to the step penalty
@@ -195,18 +204,22 @@ def make_env(
         "box_off_target": box_off_target,
         "success_reward": success_reward,
         "blocked_note": blocked_note,
+        "repeat_hint": repeat_hint,
+        "noop_penalty": noop_penalty,
     }
     if data_dir is not None and (Path(data_dir) / ENV_FILE).is_file():
         saved = json.loads((Path(data_dir) / ENV_FILE).read_text())
-        settings.update({"blocked_note": False, **saved})  # data prepared before the note: none
+        # data prepared before the note and the remedies: none of them
+        settings.update({"blocked_note": False, "repeat_hint": False, "noop_penalty": 0.0, **saved})
     invalid_penalty = float(settings.pop("invalid_penalty", 0.0))
     with_offsets = bool(settings.pop("offsets", True))
     blocked_note = bool(settings.pop("blocked_note"))
+    hint = bool(settings.pop("repeat_hint"))
     env = SokobanEnv(**settings)
     return GymTextEnv(
         env,
         codec(with_offsets=with_offsets, blocked_note=blocked_note),
-        SYSTEM_PROMPT,
+        with_repeat_hint(SYSTEM_PROMPT, hint),
         intro=lambda row, text: intro(text),
         reset_kwargs=lambda row: {"options": {"level": str(row["level"])}},
         invalid_reward=env.step_penalty + invalid_penalty + malformed_penalty,

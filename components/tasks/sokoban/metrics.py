@@ -7,6 +7,8 @@ Reads step records; the environment writes each step's numbers as JSON into ``ta
 - ``steps_to_solve``: mean agent turns of the solved episodes (0 when none solved);
 - ``invalid_action_rate``: invalid actions per agent turn (unparseable or unknown moves);
 - ``boxes_on_target``: mean over episodes of the boxes on targets at the episode's end;
+- ``loop_rate``, ``revisit_rate``, ``looping_episodes``: how much the episodes loop (a reply that
+  changed nothing sent again, a state seen again; components/tasks/step_records.py);
 - ``return``: mean over episodes of the summed step rewards.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.tasks.step_records import by_trajectory, step_numbers
+from components.tasks.step_records import by_trajectory, loop_metrics, step_numbers
 
 __all__ = ["episode_metrics"]
 
@@ -41,4 +43,5 @@ def episode_metrics(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "invalid_action_rate": invalid / max(turns, 1),
         "boxes_on_target": boxes / n,
         "return": ret / n,
+        **loop_metrics(steps),
     }

@@ -31,6 +31,14 @@ class SokobanParams(TaskParams):
     # with the line "Nothing moved." (text games' "Nothing happens."). Off (the default) = an unchanged
     # grid only, as RAGEN shows it.
     blocked_note: bool = False
+    # Remedies for greedy agents that bump into a wall again and again (docs/evaluation.md), off by
+    # default. repeat_hint: BALROG's line "It doesn't make sense to repeat the same action over and
+    # over if the observation doesn't change." ends the system prompt of every episode (rollouts,
+    # validation, evaluation; SFT's demonstrations keep the prompt without it). noop_penalty: added to
+    # the reward of a valid move that changed nothing (into a wall, or a box that cannot move), besides
+    # step_penalty; an unparseable reply costs invalid_penalty instead. 0 = off.
+    repeat_hint: bool = False
+    noop_penalty: float = Field(0.0, le=0, ge=-10)
     # Weaker demonstrations beside the expert's (train split): a player who at each turn makes a random
     # move with probability weak_epsilon and otherwise a shortest-solution move; only its episodes that
     # end solved within max_moves + weak_extra_moves moves are kept. weak_per_question per level on
@@ -63,4 +71,6 @@ class SokobanParams(TaskParams):
             "invalid_penalty": self.invalid_penalty,
             "offsets": self.offsets,
             "blocked_note": self.blocked_note,
+            "repeat_hint": self.repeat_hint,
+            "noop_penalty": self.noop_penalty,
         }

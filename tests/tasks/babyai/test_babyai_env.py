@@ -89,11 +89,11 @@ def test_first_observation_of_a_real_level_is_pinned():
     )
 
 
-def scene(agent, direction, objects, carrying=None):
+def scene(agent, direction, objects, carrying=None, **settings):
     """A GoToLocal environment whose room is rebuilt by hand (8x8, walls around): the agent at
     ``agent`` facing ``direction`` (0 +x, 1 +y, 2 -x, 3 -y), ``objects`` by position, ``carrying``; the
-    mission is to go to a purple ball at (6, 6), out of the way."""
-    env = make_env(level=LEVEL)
+    mission is to go to a purple ball at (6, 6), out of the way. ``settings`` go to make_env."""
+    env = make_env(level=LEVEL, **settings)
     env.reset(row(0))
     u = env.env.unwrapped
     grid = Grid(8, 8)
@@ -305,3 +305,35 @@ def test_the_prepare_outputs_settings_replace_the_arguments(tmp_path):
     env = make_env(data_dir=tmp_path, level=LEVEL, invalid_penalty=-0.5)
     assert env.invalid_reward == pytest.approx(-0.2)  # the data were made with env.json's settings
     assert env.env.spec.id == "BabyAI-GoToLocalS8N4-v0"
+
+
+def test_noop_penalty_lands_on_an_action_that_changed_nothing_only():
+    """Facing the top wall: turning changes the state (no penalty), going forward into the wall and
+    picking up nothing do not (noop_penalty); an unparseable reply costs invalid_penalty instead."""
+    env, u = scene((1, 1), 3, {}, noop_penalty=-0.5)
+    assert env.step(action_text(1)).reward == 0.0  # turn right: faces +x (the scene's first step)
+    assert env.step(action_text(0)).reward == 0.0  # turn left: faces the wall again
+    assert env.step(action_text(2)).reward == pytest.approx(-0.5)  # forward into the wall
+    assert env.step(action_text(3)).reward == pytest.approx(-0.5)  # pick up: nothing ahead
+    assert env.step("nonsense").reward == pytest.approx(-0.1)  # invalid: invalid_penalty only
+    assert env.step(action_text(1)).reward == 0.0 and u.agent_dir == 0
+    off, _ = scene((1, 1), 3, {})
+    off.step(action_text(1))
+    off.step(action_text(0))
+    assert off.step(action_text(2)).reward == 0.0  # off by default
+
+
+def test_repeat_hint_ends_the_system_prompt_only_when_on(tmp_path):
+    from components.tasks.babyai.params import BabyAIParams
+    from components.tasks.prompts import REPEAT_HINT
+
+    system = make_env(level=LEVEL).reset(row(1))[0]["content"]
+    assert REPEAT_HINT not in system
+    assert make_env(level=LEVEL, repeat_hint=True).reset(row(1))[0]["content"] == f"{system} {REPEAT_HINT}"
+    settings = BabyAIParams(level=LEVEL, repeat_hint=True, noop_penalty=-0.2).env_settings()
+    (tmp_path / "env.json").write_text(json.dumps(settings))
+    assert make_env(data_dir=tmp_path).reset(row(1))[0]["content"].endswith(REPEAT_HINT)
+    (tmp_path / "env.json").write_text(
+        json.dumps({"level": LEVEL, "env_max_steps": None, "invalid_penalty": -0.1})
+    )
+    assert REPEAT_HINT not in make_env(data_dir=tmp_path).reset(row(1))[0]["content"]  # data before the hint

@@ -219,3 +219,41 @@ def test_the_prepare_outputs_settings_replace_the_arguments(tmp_path):
     assert env.invalid_reward == pytest.approx(-0.2)  # the data were made with env.json's settings
     env.reset({**ROW, "level": "######\n#@$#.#\n######"})
     assert env.step(act("right")).messages[0]["content"].startswith("Nothing moved.\n")
+
+
+def test_noop_penalty_lands_on_a_blocked_move_only():
+    """noop_penalty (a valid move that changed nothing) is not invalid_penalty (an unparseable reply):
+    into the wall and a box pushed into a wall pay it; a real move and an invalid reply do not."""
+    env = make_env(noop_penalty=-0.5)
+    env.reset(ROW)
+    assert env.step(act("up")).reward == pytest.approx(-0.1 - 0.5)  # the top wall
+    assert env.step("no move here").reward == pytest.approx(-0.1)  # invalid: invalid_penalty (0)
+    assert env.step(act("right")).reward == pytest.approx(-0.1)  # the box moves
+    env.reset({**ROW, "level": "######\n#.@$##\n######"})
+    assert env.step(act("right")).reward == pytest.approx(-0.1 - 0.5)  # the box cannot move
+    off = make_env()
+    off.reset(ROW)
+    assert off.step(act("up")).reward == pytest.approx(-0.1)  # off by default
+
+
+def test_repeat_hint_ends_the_system_prompt_only_when_on(tmp_path):
+    from components.tasks.prompts import REPEAT_HINT
+
+    assert REPEAT_HINT == (
+        "It doesn't make sense to repeat the same action over and over if the observation doesn't change."
+    )
+    system = make_env().reset(ROW)[0]["content"]
+    assert REPEAT_HINT not in system
+    assert make_env(repeat_hint=True).reset(ROW)[0]["content"] == f"{system} {REPEAT_HINT}"
+    # through the prepare output, as a stage makes the env: both remedies from tasks.sokoban
+    settings = SokobanParams(repeat_hint=True, noop_penalty=-0.25).env_settings()
+    (tmp_path / "env.json").write_text(json.dumps(settings))
+    env = make_env(data_dir=tmp_path)
+    assert env.reset(ROW)[0]["content"].endswith(REPEAT_HINT)
+    assert env.step(act("up")).reward == pytest.approx(-0.1 - 0.25)
+    # data prepared before the remedies: neither
+    old = {k: v for k, v in settings.items() if k not in ("repeat_hint", "noop_penalty")}
+    (tmp_path / "env.json").write_text(json.dumps(old))
+    env = make_env(data_dir=tmp_path)
+    assert REPEAT_HINT not in env.reset(ROW)[0]["content"]
+    assert env.step(act("up")).reward == pytest.approx(-0.1)
