@@ -20,7 +20,6 @@ from pathlib import Path
 import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from transformers import AutoTokenizer
 
 from components.agent.loop import Episode, episode_metrics, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
@@ -47,6 +46,8 @@ def model_dir(name: str):
 def open_engine(params: Params, path: Path) -> tuple[RolloutEngine, ChatRenderer]:
     """A rollout engine with the ``rollout`` settings on the checkpoint at ``path`` (seed params.seed;
     no update runs beside it, so it never sleeps), and the task's renderer for its tokenizer."""
+    from transformers import AutoTokenizer  # with the engine, not at the stage's start
+
     tokenizer = AutoTokenizer.from_pretrained(path)
     settings = params.rollout.engine_settings(params.seed)
     engine = make_engine(settings, str(path), stop_token_ids=[tokenizer.eos_token_id])
@@ -122,6 +123,8 @@ def evaluate(
     write_parquet(problems, REPO / "metrics" / f"problems_{model}.parquet")
     write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
     mlflow.log_metrics({f"eval/{k}": v for k, v in metrics.items()})
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
     mlflow.log_text(render_samples(steps, limit=20, tokenizer=tokenizer), f"samples/eval_{model}.md")
     print(
