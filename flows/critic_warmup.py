@@ -34,7 +34,7 @@ from components.train.critic import build_critic
 from components.train.critic_fit import FitResult, FitSettings, fit_critic, value_targets
 from components.train.engine import build_engine
 from flows import REPO, processed
-from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._stage import StageError, mlflow_run, read_params, stage_main, timed
 from flows.evaluate import open_engine
 from flows.train import SFT, rl_prompts
 from flows.train_settings import CRITIC
@@ -61,20 +61,22 @@ def rollout(params: Params) -> list[dict]:
         )
         for row in picked
     ]
-    engine, renderer = open_engine(params, SFT)
+    with timed("engine_start"):
+        engine, renderer = open_engine(params, SFT)
     try:
-        steps = run_episodes(
-            engine,
-            renderer,
-            episodes,
-            max_steps=r.max_steps,
-            max_prompt_len=r.max_prompt_len,
-            max_response_len=r.max_response_len,
-            context_window=r.context_window,
-            temperature=t.temperature,
-            seed=params.seed,
-            desc="critic warm-up rollout",
-        )
+        with timed("episodes"):
+            steps = run_episodes(
+                engine,
+                renderer,
+                episodes,
+                max_steps=r.max_steps,
+                max_prompt_len=r.max_prompt_len,
+                max_response_len=r.max_response_len,
+                context_window=r.context_window,
+                temperature=t.temperature,
+                seed=params.seed,
+                desc="critic warm-up rollout",
+            )
     finally:
         engine.close()
     return validate_table(pl.DataFrame(steps), StepSchema, "critic warm-up rollouts").to_dicts()
@@ -187,7 +189,8 @@ def critic_warmup_flow(params: Params) -> dict:
         tempfile.TemporaryDirectory() as tmp,
     ):
         steps = rollout(params)
-        result = fit(params, steps)
+        with timed("fit"):
+            result = fit(params, steps)
         png = Path(tmp) / "critic_warmup.png"
         summary = _report(params, steps, result, png)
         mlflow.log_metrics({f"critic_warmup/{k}": float(v) for k, v in summary.items()})

@@ -33,7 +33,7 @@ from components.schemas import ProblemSchema, validate_table
 from components.stats import problem_results
 from flows import REPO, processed
 from flows._gpu import check_gpu_memory
-from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._stage import StageError, mlflow_run, read_params, stage_main, timed
 from flows._trajectories import render_samples
 
 
@@ -70,7 +70,8 @@ def play(
     data_dir = processed(params.task)  # the prepare output (tables and task files)
     own = engine is None
     if own:
-        engine, renderer = open_engine(params, model_dir(model))
+        with timed("engine_start"):
+            engine, renderer = open_engine(params, model_dir(model))
 
     def episode(row: dict, traj_id: str) -> Episode:
         return Episode(traj_id, str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
@@ -90,10 +91,11 @@ def play(
         )
 
     try:
-        greedy = run([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
-        sampled = [episode(row, f"{row['id']}#{i}") for row in rows for i in range(ev.samples)]
-        desc = f"evaluate {model} (T={ev.temperature:g})"
-        return greedy, (run(sampled, ev.temperature, desc) if sampled else [])
+        with timed("episodes"):
+            greedy = run([episode(row, str(row["id"])) for row in rows], 0.0, f"evaluate {model}")
+            sampled = [episode(row, f"{row['id']}#{i}") for row in rows for i in range(ev.samples)]
+            desc = f"evaluate {model} (T={ev.temperature:g})"
+            return greedy, (run(sampled, ev.temperature, desc) if sampled else [])
     finally:
         if own:
             engine.close()
