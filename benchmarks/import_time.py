@@ -53,11 +53,12 @@ def parse_importtime(stderr: str) -> list[tuple[str, int, float]]:
 
 
 def import_once(module: str, env: dict[str, str]) -> tuple[float, list[tuple[str, int, float]]]:
-    """(wall seconds of the process, its -X importtime lines) for one fresh ``import module``."""
+    """(wall seconds of the process, its -X importtime lines) for one fresh ``import module``, run in
+    the checkout on the environment's PYTHONPATH (``-c`` puts the working directory first on sys.path)."""
     t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", f"import {module}"],
-        cwd=ROOT,
+        cwd=env["PYTHONPATH"],
         env=env,
         capture_output=True,
         text=True,
