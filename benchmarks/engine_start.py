@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "INFO"}
     results: dict[float, list[dict]] = {}
-    logs: dict[float, list[str]] = {}
+    logs: dict[float, list[str]] = {}  # vLLM's lines of the latest start per setting
     with tempfile.TemporaryDirectory(prefix="steprl-engine-") as tmp:
         model_dir = Path(tmp) / "model"
         build_model(model_dir)
@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"engine start failed:\n{(done.stdout + done.stderr)[-3000:]}")
                 results.setdefault(gib, []).append(found[0])
                 logs[gib] = [x for x in lines if _TIMING_LINE.search(x) and not x.startswith("TIMING")]
+                print(f"  kv_cache_gib {gib:g}: " + ", ".join(f"{k} {v:.1f}" for k, v in found[0].items()))
+                for line in logs[gib][-12:]:
+                    print(f"    {line[-200:]}", flush=True)
     print(f"\n{args.repeats} repeats, {os.cpu_count()} CPUs; seconds, median (min-max)")
     for gib, runs in results.items():
         cells = []
@@ -119,8 +122,6 @@ def main(argv: list[str] | None = None) -> int:
             v = [run[key] for run in runs]
             cells.append(f"{key} {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})")
         print(f"kv_cache_gib {gib:g}: " + ", ".join(cells))
-        for line in logs[gib][-12:]:
-            print(f"    {line[-200:]}")
     return 0
 
 
