@@ -42,9 +42,7 @@ def loaded_after_import(modules: list[str], watched: tuple[str, ...]) -> dict[st
         "    out[m] = [w for w in watched if w in sys.modules and not any(w in v for v in out.values())]\n"
         "print(json.dumps(out))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
 
