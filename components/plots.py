@@ -1,7 +1,8 @@
 """Line charts as PNG files (learning curves, comparisons), drawn with matplotlib's Agg backend.
 
 :func:`line_chart`: one line per series. :func:`band_chart`: panels of mean lines over min..max bands
-(several seeds of one algorithm).
+(several seeds of one algorithm). matplotlib is imported by the first chart drawn (:func:`_pyplot`), not
+with this module: a stage draws its charts at its end and should not pay for them at its start.
 """
 
 from __future__ import annotations
@@ -9,14 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
+from typing import Any
 
 from components.io import write_atomic
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def line_chart(
@@ -29,6 +35,7 @@ def line_chart(
     baseline: tuple[str, float] | None = None,
 ) -> Path:
     """One line per series name -> (x, y); an optional horizontal baseline (label, y). Atomic write."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for name, (x, y) in series.items():
         ax.plot(list(x), list(y), marker="o" if len(x) < 30 else None, markersize=3, label=name)
@@ -77,6 +84,7 @@ def band_chart(panels: Sequence[Panel], path: str | Path, *, title: str) -> Path
     black marker. A series keeps its colour across panels. Atomic write."""
     if not panels:
         raise ValueError("band_chart: no panels")
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), dpi=110, squeeze=False)
     names = list(dict.fromkeys(n for p in panels for n in p.bands))
     colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
@@ -104,7 +112,7 @@ def band_chart(panels: Sequence[Panel], path: str | Path, *, title: str) -> Path
                 zorder=5,
             )
         ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if panel.bands or panel.points:
             ax.legend(fontsize=8)
@@ -131,6 +139,7 @@ def small_multiples(
     n = max(len(panels), 1)
     cols = min(columns, n)
     rows = -(-n // cols)
+    plt = _pyplot()
     fig, axes = plt.subplots(
         rows, cols, figsize=(4.2 * cols, 3.2 * rows), dpi=110, sharex=True, sharey=True, squeeze=False
     )

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy import stats as _scipy_stats
 
 from components.agent.loop import episode_correctness
 from components.tasks.step_records import episode_loops
@@ -236,6 +235,8 @@ def _crossed_bootstrap(
 ) -> Estimate:
     """sum_m sign_m * mean(models[m]) with a percentile interval from resampling every model's seeds
     (rows, independently per model) and the shared problems (columns, one draw for all models)."""
+    from scipy import stats as _scipy_stats  # only the intervals need it (compare), not problem_results
+
     _check(confidence, n_resamples)
     n_problems = models[0].shape[1]
     value = float(sum(sign * m.mean() for m, sign in zip(models, signs)))

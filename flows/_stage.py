@@ -1,4 +1,5 @@
-"""What every stage flow shares: its command line, one-line errors, and its MLflow run."""
+"""What every stage flow shares: its command line, one-line errors, its MLflow run, and the record of
+where its time went (timing/<stage>.json, read by benchmarks/stage_time.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from components.config import ConfigError, Params, load_params
 from components.determinism import DeterminismSettings, make_deterministic
+from components.io import write_json
 from components.precision import resolve_rollout_dtype, resolve_train_dtype
 from components.train.nodes import NodeError
 from components.train.rank_watch import RankFailed
@@ -31,6 +36,59 @@ OOM_HINT = (
 )
 
 
+# Where this process's stage spent its time: part -> seconds, filled by :func:`timed` (e.g. the rollout
+# engine's start) and written by stage_main to timing/<stage>.json when the stage succeeds.
+STAGE_PARTS: dict[str, float] = {}
+TIMING_DIR = REPO / "timing"
+
+
+@contextlib.contextmanager
+def timed(part: str, parts: dict[str, float] | None = None) -> Iterator[None]:
+    """Add the wall time of the block to ``parts[part]`` (default: this stage's :data:`STAGE_PARTS`)."""
+    parts = STAGE_PARTS if parts is None else parts
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        parts[part] = parts.get(part, 0.0) + time.perf_counter() - t0
+
+
+def process_age() -> float:
+    """Seconds since this process was created (interpreter start and imports, when called first)."""
+    return time.time() - psutil.Process().create_time()
+
+
+def stage_name(
+    run: Callable[..., Any], args: dict[str, Any], extra_args: tuple[tuple[str, dict], ...]
+) -> str:
+    """``python -m flows.train --algo grpo --rl-seed 0`` -> ``train-grpo-0``, ``flows.evaluate --model sft``
+    -> ``evaluate-sft``: the last name of the stage's module and the values of its own arguments."""
+    module = run.__module__
+    if module == "__main__":  # run by ``python -m flows.<stage>``: the module's own name is in its spec
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = spec.name if spec else Path(sys.argv[0]).stem
+    dests = [kw.get("dest", name.lstrip("-").replace("-", "_")) for name, kw in extra_args]
+    return "-".join([module.rsplit(".", 1)[-1], *(str(args[d]) for d in dests)])
+
+
+def write_stage_timing(name: str, process_start: float, run_s: float) -> Path:
+    """timing/<name>.json: the process start (interpreter start to :func:`stage_main`), the parts timed
+    with :func:`timed`, the rest of the run (``other``) and the total. Not a DVC output: the figures
+    change with every run and must not change a cache key."""
+    parts = {k: round(v, 2) for k, v in STAGE_PARTS.items()}
+    return write_json(
+        {
+            "stage": name,
+            "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+            "process_start": round(process_start, 2),
+            "parts": parts,
+            "other": round(run_s - sum(STAGE_PARTS.values()), 2),
+            "total": round(process_start + run_s, 2),
+        },
+        TIMING_DIR / f"{name}.json",
+    )
+
+
 def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
     """Run a stage from the command line; bad input ends it with ONE clear error line.
 
@@ -38,15 +96,19 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
     source seeded with ``params.seed``, a fixed thread count), so a rerun with the same inputs gives
     the same outputs. ``run`` checks its inputs (params, model path, source data) BEFORE it enters its
     Prefect flow, raising ConfigError or StageError, so a bad input stops the stage before any work.
+    When it succeeds, where the time went is written to timing/<stage>.json (:func:`write_stage_timing`).
     """
+    process_start = process_age()
     parser = argparse.ArgumentParser(prog=f"python -m {run.__module__}")
     parser.add_argument("--params", default="params.yaml", help="params file (default params.yaml)")
     for name, kw in extra_args:
         parser.add_argument(name, **kw)
     args = vars(parser.parse_args())
     try:
+        t0 = time.perf_counter()
         make_stage_deterministic(args["params"])
         run(**args)
+        write_stage_timing(stage_name(run, args, extra_args), process_start, time.perf_counter() - t0)
     except (ConfigError, StageError) as err:
         for line in str(err).splitlines() or [type(err).__name__]:  # one line per problem
             print(f"error: {line}", file=sys.stderr)

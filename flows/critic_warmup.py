@@ -40,7 +40,7 @@ from components.train.critic_fit import FitResult, FitSettings, fit_critic, valu
 from components.train.engine import build_engine
 from components.train.optimizer_state import ADAM_MOMENTS
 from flows import REPO, processed
-from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._stage import StageError, mlflow_run, read_params, stage_main, timed
 from flows.evaluate import open_engine
 from flows.train import SFT, rl_prompts
 from flows.train_settings import CRITIC
@@ -67,20 +67,22 @@ def rollout(params: Params) -> list[dict]:
         )
         for row in picked
     ]
-    engine, renderer = open_engine(params, SFT)
+    with timed("engine_start"):
+        engine, renderer = open_engine(params, SFT)
     try:
-        steps = run_episodes(
-            engine,
-            renderer,
-            episodes,
-            max_steps=r.max_steps,
-            max_prompt_len=r.max_prompt_len,
-            max_response_len=r.max_response_len,
-            context_window=r.context_window,
-            temperature=t.temperature,
-            seed=params.seed,
-            desc="critic warm-up rollout",
-        )
+        with timed("episodes"):
+            steps = run_episodes(
+                engine,
+                renderer,
+                episodes,
+                max_steps=r.max_steps,
+                max_prompt_len=r.max_prompt_len,
+                max_response_len=r.max_response_len,
+                context_window=r.context_window,
+                temperature=t.temperature,
+                seed=params.seed,
+                desc="critic warm-up rollout",
+            )
     finally:
         engine.close()
     return validate_table(pl.DataFrame(steps), StepSchema, "critic warm-up rollouts").to_dicts()
@@ -232,7 +234,8 @@ def critic_warmup_flow(params: Params) -> dict:
         tempfile.TemporaryDirectory() as tmp,
     ):
         steps = rollout(params)
-        result = fit(params, steps)
+        with timed("fit"):
+            result = fit(params, steps)
         png = Path(tmp) / "critic_warmup.png"
         summary = _report(params, steps, result, png)
         mlflow.log_metrics({f"critic_warmup/{k}": float(v) for k, v in summary.items()})

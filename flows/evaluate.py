@@ -27,7 +27,6 @@ from pathlib import Path
 import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from transformers import AutoTokenizer
 
 from components.agent.loop import Episode, episode_metrics, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
@@ -41,7 +40,7 @@ from components.schemas import ProblemSchema, validate_table
 from components.stats import problem_results
 from flows import REPO, processed
 from flows._gpu import check_gpu_memory
-from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._stage import StageError, mlflow_run, read_params, stage_main, timed
 from flows._trajectories import render_samples
 
 
@@ -54,6 +53,8 @@ def model_dir(name: str):
 def open_engine(params: Params, path: Path) -> tuple[RolloutEngine, ChatRenderer]:
     """A rollout engine with the ``rollout`` settings on the checkpoint at ``path`` (seed params.seed;
     no update runs beside it, so it never sleeps), and the task's renderer for its tokenizer."""
+    from transformers import AutoTokenizer  # with the engine, not at the stage's start
+
     tokenizer = AutoTokenizer.from_pretrained(path)
     settings = params.rollout.engine_settings(params.seed)
     engine = make_engine(settings, str(path), stop_token_ids=[tokenizer.eos_token_id])
@@ -77,7 +78,8 @@ def play(
     data_dir = processed(params.task)  # the prepare output (tables and task files)
     own = engine is None
     if own:
-        engine, renderer = open_engine(params, model_dir(model))
+        with timed("engine_start"):
+            engine, renderer = open_engine(params, model_dir(model))
 
     def run(temperature: float | None) -> list[dict]:
         # The greedy episode keeps the row id as its trajectory id, a sampled one adds #i (its sampling
@@ -103,9 +105,10 @@ def play(
         )
 
     try:
-        greedy = run(None)
-        sampled = {protocol_name(t): run(t) for t in ev.temperatures} if ev.samples else {}
-        return greedy, sampled
+        with timed("episodes"):
+            greedy = run(None)
+            sampled = {protocol_name(t): run(t) for t in ev.temperatures} if ev.samples else {}
+            return greedy, sampled
     finally:
         if own:
             engine.close()
@@ -156,6 +159,8 @@ def evaluate(
     write_parquet(problems, REPO / "metrics" / f"problems_{model}.parquet")
     write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
     mlflow.log_metrics(mlflow_metrics("eval", metrics))
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
     mlflow.log_text(render_samples(steps, limit=20, tokenizer=tokenizer), f"samples/eval_{model}.md")
     k = params.evaluate.samples

@@ -31,7 +31,7 @@ from components.train.sft import run_sft
 from flows import REPO, processed
 from flows._gpu import check_gpu_memory
 from flows._nodes import stage_nodes, summary
-from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._stage import StageError, mlflow_run, read_params, stage_main, timed
 
 BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
 LOG_BATCH = 500  # metrics per MLflow write (its batch limit is 1,000)
@@ -159,7 +159,8 @@ def sft_flow(params: Params) -> dict:
     with mlflow_run(params, "sft", ["deepspeed", "sft"], extra_params=window):
         import mlflow
 
-        history = train(params)
+        with timed("training"):  # model load, DeepSpeed engine, the SFT steps, the checkpoint
+            history = train(params)
         final = {
             "loss": history[-1]["loss"],
             "steps": len(history),

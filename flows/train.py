@@ -21,13 +21,11 @@ only evaluates again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -55,7 +53,7 @@ from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._gpu import check_gpu_memory
 from flows._nodes import stage_nodes, summary
-from flows._stage import StageError, mlflow_run, read_params, stage_main
+from flows._stage import STAGE_PARTS, StageError, mlflow_run, read_params, stage_main, timed
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
 from flows.train_metrics import anchor_metrics, iteration_metrics
@@ -396,21 +394,11 @@ def _summary(nodes: Nodes, params: Params, algo: str) -> dict:
     return summary(nodes, "train", params, inputs, algo=algo)
 
 
-@contextlib.contextmanager
-def _timed(parts: dict[str, float], part: str) -> Iterator[None]:
-    """Add the wall time of the block to ``parts[part]`` (a stage's parts outside the iterations)."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        parts[part] = parts.get(part, 0.0) + time.perf_counter() - t0
-
-
 def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run: str) -> dict:
     import mlflow
 
     t, parts = params.train, {"process_start": time.time() - psutil.Process().create_time()}
-    with _timed(parts, "session_start"):
+    with timed("session_start", parts):
         session: Session = _open_session(params, algo)
     if params.deepspeed.world_size > 1:
         session = Leader(session)
@@ -426,12 +414,12 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
             write_json({"run_id": active.info.run_id}, run_file)
             history_of = mlflow.tracking.MlflowClient().get_metric_history
             logged = {m.step for m in history_of(active.info.run_id, "timing_s/iteration")}
-            with _timed(parts, "initial_validation"):
+            with timed("initial_validation", parts):
                 initial = _initial_validation(session, params, name, sft_seed, resumed=last >= 0)
             history = [] if initial is None else [{"iteration": -1, **initial}]
             if initial is not None and -1 not in logged:  # the SFT policy: step -1 of the val curves
                 mlflow.log_metrics(initial, step=-1)
-            with _timed(parts, "iterations"):
+            with timed("iterations", parts):
                 for k in range(t.iterations):
                     if _finished(name, k):
                         metrics = json.loads((iter_dir(name, k) / "metrics.json").read_text())
@@ -443,10 +431,10 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
                         if samples.is_file():
                             mlflow.log_artifact(str(samples), artifact_path=f"samples/iter_{k:04d}")
                     history.append({"iteration": k, **metrics})
-            with _timed(parts, "save"):
+            with timed("save", parts):
                 _save_final(session, params, algo, name, history)
                 mlflow.log_artifacts(str(REPO / "models" / name / "final"), artifact_path="checkpoint")
-            with _timed(parts, "final_evaluation"):
+            with timed("final_evaluation", parts):
                 # params.seed is the global seed again: every model's sampled test episodes use the same seed
                 evaluate(
                     params.model_copy(update={"seed": sft_seed}),
@@ -457,6 +445,9 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
             summary = _finish(params, algo, name, history, parts)
             mlflow.log_artifact(str(REPO / "plots" / f"train_{name}.png"), artifact_path="plots")
             mlflow.log_metrics({f"stage_s/{k}": v for k, v in parts.items()})
+        # the stage's timing record (flows._stage) holds these parts, not the evaluation's own
+        STAGE_PARTS.clear()
+        STAGE_PARTS.update({k: v for k, v in parts.items() if k != "process_start"})
     finally:
         session.close()
     return summary

@@ -16,6 +16,12 @@ What it does:
 What it does not do: train, shard across processes, or save optimizer state (``components.train``).
 Replacing an existing checkpoint at ``out_dir`` is a rename-aside then rename-in: for a moment no
 directory exists at ``out_dir`` (never a half-written one).
+
+transformers' model classes are imported by the functions that build or load a model, not with this
+module (importing them costs several times ``import torch``: docs/performance.md): a stage that only
+checks or saves checkpoints (``is_complete_checkpoint``, ``save_hf``) does not pay for them.
+``build_tiny_model`` imports the Qwen3 classes it builds; ``load_hf`` the Auto classes, since a
+``model.path`` may hold any causal-LM architecture.
 """
 
 from __future__ import annotations
@@ -25,18 +31,9 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    PreTrainedModel,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
 
 from components.marker import MARKER_FILE, CheckpointError, check_target, incomplete_reason, seal
 
@@ -48,6 +45,9 @@ __all__ = [
     "load_hf",
     "save_hf",
 ]
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, Qwen3ForCausalLM
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
@@ -68,6 +68,9 @@ def build_tiny_model(
 
     The global torch RNG is left as it was (initialisation runs under a forked RNG).
     """
+    from transformers import GenerationConfig
+    from transformers.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+
     sizes = dict(
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -180,6 +183,8 @@ def load_hf(
         reason = _hf_weights_reason(p)
     if reason is not None:
         raise CheckpointError(f"cannot load checkpoint {p}: {reason}")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     try:
         config = AutoConfig.from_pretrained(p)
     except Exception as err:

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from components.device import model_device, stage_device, to_device
 from components.precision import resolve_rollout_dtype
@@ -62,6 +61,8 @@ class HFEngine:
         self, model_dir: str, settings: EngineSettings = EngineSettings("hf"), *, stop_token_ids: list[int]
     ) -> None:
         """Of ``settings`` only ``dtype`` acts here (auto resolved for this machine)."""
+        from transformers import AutoModelForCausalLM  # any architecture; imported when a model is loaded
+
         dtype = _DTYPES[resolve_rollout_dtype(settings.dtype)]
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         self.model = model.to(stage_device())

@@ -4,7 +4,8 @@ Built with transformers' token-classification class for the architecture (``num_
 backbone initialised from the SFT checkpoint and the head from zero, so that the first values are 0 for
 every state (verl keeps transformers' random head; on sokoban the random head was the slower of the two
 to make the values depend on the state: benchmarks/critic_fit.py, docs/tasks/sokoban.md). Saved and
-loaded in HF format like any checkpoint.
+loaded in HF format like any checkpoint. transformers' model classes are imported when a critic is
+built or loaded, not with this module (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForTokenClassification
 
 
 def build_critic(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -21,6 +21,8 @@ def build_critic(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -
     No dropout before the value head (``classifier_dropout=0``, as verl's critic): transformers'
     token-classification heads default to 0.1, which made value regression noisy and made two
     processes (data-parallel ranks) compute different gradients from the same batch."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
     config = AutoConfig.from_pretrained(str(model_dir), num_labels=1)
     config.classifier_dropout = 0.0
     critic = AutoModelForTokenClassification.from_pretrained(str(model_dir), config=config, dtype=dtype)
@@ -33,4 +35,6 @@ def build_critic(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -
 
 
 def load_critic(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    from transformers import AutoModelForTokenClassification
+
     return AutoModelForTokenClassification.from_pretrained(str(model_dir), dtype=dtype)

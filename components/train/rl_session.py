@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from components.agent.loop import Episode, run_episodes
 from components.agent.render import ChatRenderer
@@ -68,6 +67,9 @@ class RLSession:
     def __init__(self, init_dir: str | Path, cfg: SessionConfig, tools: list[dict] | None) -> None:
         """Engines start from the HF checkpoint ``init_dir`` (the SFT model): actor, critic backbone,
         reference and rollout engine."""
+        # imported here, when the models are built, not when a stage imports this module
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         if cfg.old_logprobs not in ("detached", "rollout", "recompute"):
             raise ValueError(
                 f"old_logprobs={cfg.old_logprobs!r}: expected 'detached', 'rollout' or 'recompute'"
