@@ -27,7 +27,10 @@ Departures from the papers / docs/algorithms.md:
    group, which is one anchor state only where equal turns mean equal states (e.g. the first turn).
    G_t is the paper's discounted step return sum_k gamma^k r_{t+k} (gamma = ``train.gamma``; the paper
    uses 0.95), normalised by the step group's std as in its main variant.
-5. Process rewards (``process_weight`` > 0; ``components.algos.process_rewards``) are normalised
+5. A group whose values are equal up to rounding (spread <= 1e-5 of their largest magnitude, see
+   ``tensor_ops.group_center``) has a centred value of exactly 0 in every group baseline, so a group
+   of equal returns gives A = 0 at any magnitude instead of an ulp divided by std + 1e-6.
+6. Process rewards (``process_weight`` > 0; ``components.algos.process_rewards``) are normalised
    per step over the scored steps, not per token with PRIME's leave-one-out baseline; estimators
    without a prompt-group baseline normalise them over the batch and add them to the step reward.
 """
@@ -270,8 +273,8 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
 
 
 def _episode_scores(b: StepBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """S_tau (N,), S_tau - mean_g S (exactly 0 in a group of equal scores), std_g S and group size (N,)
-    each (singleton: mean 0, std 1)."""
+    """S_tau (N,), S_tau - mean_g S (exactly 0 in a group of equal scores), std_g S and group size
+    (N,) each (singleton: mean 0, std 1)."""
     S = b.step_rewards.new_zeros(b.layout.num_traj).index_add_(0, b.layout.traj, b.step_rewards)  # (N,)
     centred, std, n = group_center(S, b.layout.traj_group)
     return S, centred, std, n
@@ -383,7 +386,7 @@ def gigpo(b: StepBatch) -> AdvantageOutput:
     a_episode = (centred / (std + GROUP_STD_EPS))[b.layout.traj]  # (B,)
     G = _discounted_step_returns(b)  # (B,)
     step_group, _ = dense_ids(b.layout.traj_group[b.layout.traj], b.obs_index.long())  # (B,)
-    g_centred, g_std, _ = group_center(G, step_group)
+    g_centred, g_std, _ = group_center(G, step_group)  # 0 in a step group of equal returns
     a_step = g_centred if b.step_norm == "mean" else g_centred / (g_std + GROUP_STD_EPS)  # (B,)
     A = a_episode + b.step_weight * a_step  # (B,)
     return AdvantageOutput(per_token(A, b.mask), per_token(G, b.mask), G)

@@ -35,7 +35,7 @@ def normalize_process_rewards(
     group: Tensor,  # (B,) long, the normalisation group of each step
 ) -> Tensor:  # (B,) p̂_t, 0 where not scored
     """(p - mean) / (std + 1e-6) over the scored steps of each group (unbiased std; a group with one
-    scored step: mean 0, std 1); 0 on unscored steps."""
+    scored step: mean 0, std 1; a group of equal scores: 0); 0 on unscored steps."""
     out = torch.zeros_like(rewards)
     if not bool(scored.any()):
         return out

@@ -7,6 +7,9 @@ token. Does not: know about trajectories or steps (see ``step_layout``), or comp
 Departures from the usual formulas:
 1. ``whiten`` of fewer than two elements only centres them (the unbiased std is undefined), so a
    single value whitens to 0 instead of NaN.
+2. ``group_center`` gives exactly 0 to every member of a flat group (two or more values whose spread
+   max - min is at most ``GROUP_FLAT_RTOL`` times the group's largest |x|): the float32 mean of equal
+   values can miss them by an ulp, and a division by std + 1e-6 would blow that up.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ __all__ = [
 
 GROUP_STD_EPS = 1e-6  # A = (S - mean_g) / (std_g + GROUP_STD_EPS)
 WHITEN_EPS = 1e-8  # whiten(x) = (x - mean) / (std + WHITEN_EPS)
-EQUAL_REL_TOL = 1e-5  # a group whose spread is at most this share of its largest |x| holds equal values
+GROUP_FLAT_RTOL = 1e-5  # a group is flat when max - min <= GROUP_FLAT_RTOL * max |x| (float32 eps ~1.2e-7)
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -79,17 +82,17 @@ def group_stats(x: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def group_center(x: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """x - group mean (K,), with the group's unbiased std and size as ``group_stats`` gives them.
-
-    A group of two or more values whose spread (max - min) is at most ``EQUAL_REL_TOL`` of its largest
-    |x| centres to exactly 0: the float32 mean of equal values can miss them by one ulp, which a
-    division by std + 1e-6 would blow up into an advantage (docs/algorithms.md, notation)."""
+    """x - group mean, group std and group size (K,) each, of ``x`` (K,) grouped by dense ids
+    ``group`` (K,), as ``group_stats`` (a group of one: x itself, std 1); the centred value is exactly
+    0 in a flat group (max - min <= GROUP_FLAT_RTOL * max |x|, two or more members), so that
+    (x - mean) / (std + eps) is 0 there at every magnitude of x."""
     mean, std, n = group_stats(x, group)
     n_groups = int(group.max()) + 1
-    hi = x.new_full((n_groups,), float("-inf")).scatter_reduce(0, group, x, "amax")  # (G,)
-    lo = x.new_full((n_groups,), float("inf")).scatter_reduce(0, group, x, "amin")  # (G,)
-    equal = ((hi - lo) <= EQUAL_REL_TOL * torch.maximum(hi.abs(), lo.abs()))[group] & (n > 1)  # (K,)
-    return torch.where(equal, torch.zeros_like(x), x - mean), std, n
+    hi = x.new_zeros(n_groups).scatter_reduce_(0, group, x, "amax", include_self=False)  # (G,)
+    lo = x.new_zeros(n_groups).scatter_reduce_(0, group, x, "amin", include_self=False)  # (G,)
+    scale = torch.maximum(hi.abs(), lo.abs())  # (G,) largest |x| of the group
+    flat = ((hi - lo) <= GROUP_FLAT_RTOL * scale)[group] & (n > 1)  # (K,)
+    return torch.where(flat, torch.zeros_like(x), x - mean), std, n
 
 
 def discounted_reverse_cumsum(x: Tensor, factor: float) -> Tensor:
