@@ -46,7 +46,7 @@ def _env() -> dict[str, str]:
 
 
 def _torchrun(launch: list[str], script_args: list[str], cwd: Path) -> subprocess.Popen:
-    """torchrun in a session of its own (so a failed test can stop it and its ranks at once)."""
+    """torchrun running tests/train/torchrun_world.py in ``cwd``, its output and its ranks' in one pipe."""
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [str(TORCHRUN), *launch, str(SCRIPT), *script_args],
@@ -55,20 +55,24 @@ def _torchrun(launch: list[str], script_args: list[str], cwd: Path) -> subproces
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
     )
 
 
 @contextlib.contextmanager
 def _stopped_after(procs: list[subprocess.Popen]) -> Iterator[None]:
-    """Whatever happens in the block, no agent or rank of ``procs`` is left running after it."""
+    """Whatever happens in the block, no agent or rank of ``procs`` is left running after it (torchrun
+    starts each rank in a session of its own, and a rank outlives a SIGKILL of its agent)."""
+    import psutil
+
     try:
         yield
     finally:
         for p in procs:
             if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for child in psutil.Process(p.pid).children(recursive=True):
+                        child.kill()
+                p.kill()
                 p.wait()
 
 
@@ -120,11 +124,10 @@ def test_a_killed_rank_stops_the_world_with_torchrun_s_failure_table(tmp_path) -
     proc = _torchrun(["--standalone", "--nproc-per-node", "2"], ["wait", str(tmp_path / "w.pt")], tmp_path)
     with _stopped_after([proc]):
         pids = {}
-        for line in proc.stdout:
-            for rank, pid in re.findall(r"READY (\d+) (\d+)", line):
-                pids[int(rank)] = int(pid)
-                if len(pids) == 2:
-                    break
+        for line in proc.stdout:  # ranks' lines may share one: two processes write to one pipe
+            pids.update((int(rank), int(pid)) for rank, pid in re.findall(r"READY (\d+) (\d+)", line))
+            if len(pids) == 2:
+                break
         assert len(pids) == 2, f"torchrun exited ({proc.wait()}) before both ranks were ready"
         os.kill(pids[1], signal.SIGKILL)
         log = proc.communicate(timeout=300)[0]
