@@ -30,7 +30,7 @@ import torch.distributed as dist
 from components.dist_env import TORCHRUN_VAR
 from components.train.nodes import NodeError, differences
 
-__all__ = ["Torchrun", "agree", "as_rank_0", "run_rank"]
+__all__ = ["Torchrun", "agree", "as_rank_0", "disagreements", "run_rank"]
 
 
 @dataclass(frozen=True)
@@ -85,14 +85,20 @@ def agree(run: Torchrun, summary: Mapping[str, Any]) -> None:
     mine = json.loads(json.dumps(summary, sort_keys=True, default=str))
     everyone: list[Any] = [None] * run.world_size
     dist.all_gather_object(everyone, mine)
+    wrong = disagreements(everyone)
+    if wrong:
+        raise NodeError("; ".join(wrong))
+
+
+def disagreements(summaries: list[Mapping[str, Any]]) -> list[str]:
+    """One line per rank whose summary differs from rank 0's (``summaries[rank]``), naming the keys."""
     wrong = []
-    for rank, theirs in enumerate(everyone[1:], start=1):
-        diff = differences(everyone[0], theirs)
+    for rank, theirs in enumerate(summaries[1:], start=1):
+        diff = differences(summaries[0], theirs)
         if diff:
             shown = ", ".join(diff[:12]) + (f" and {len(diff) - 12} more" if len(diff) > 12 else "")
             wrong.append(f"rank {rank} runs with other settings or inputs than rank 0: {shown} differ")
-    if wrong:
-        raise NodeError("; ".join(wrong))
+    return wrong
 
 
 def _leave() -> None:

@@ -8,9 +8,9 @@
   (train_helpers.assert_weights_match, test_data_parallel's tolerance), the loss to 1e-6.
 - A rank killed (SIGKILL) stops the other: torchrun exits non-zero with its failure table naming the
   rank (``ChildFailedError``), and no rank is left running.
-- The settings check under torchrun: ranks whose summaries differ stop, naming the keys (in spawned
-  processes with torchrun's variables, run_local: no agent needed); torchrun's WORLD_SIZE against
-  deepspeed.world_size.
+- The settings check under torchrun: the ranks whose summaries differ from rank 0's are named with the
+  keys (their gathering over the process group runs in the two-agent test, where they agree);
+  torchrun's WORLD_SIZE against deepspeed.world_size.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from components.dist_env import WORLD_VARS
 from components.train.distributed import free_port
 from components.train.launch import run_local
 from components.train.nodes import NodeError
-from components.train.torchrun import Torchrun
+from components.train.torchrun import Torchrun, disagreements
 
 SCRIPT = Path(__file__).with_name("torchrun_world.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -134,29 +134,20 @@ def test_a_killed_rank_stops_the_world_with_torchrun_s_failure_table(tmp_path) -
     assert proc.returncode != 0, log[-4000:]
     assert "ChildFailedError" in log, log[-4000:]
     table = log[log.index("Root Cause") :]
-    assert "rank      : 1 (local_rank: 1)" in table and f"pid       : {pids[1]}" in table, table
+    assert "rank      : 1 (local_rank: 1)" in table and f"(pid: {pids[1]})" in table, table
     assert "Signal 9 (SIGKILL)" in table, table
     for pid in pids.values():  # rank 0 stopped by torchrun, rank 1 killed: neither is left running
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
 
 
-def _agree_on(rank: int, out: str) -> None:
-    """Rank ``rank`` of two "machines" as torchrun would place it, posting a summary of its own."""
-    from components.train.torchrun import agree
-
-    os.environ.update(TORCHELASTIC_RUN_ID="test", LOCAL_WORLD_SIZE="1")
-    summary = {"params": {"lr": 0.01 * (1 + rank), "steps": 4}, "code": "abc"}
-    try:
-        agree(Torchrun.from_env(), summary)
-        Path(f"{out}.{rank}").write_text("agreed")
-    except NodeError as err:
-        Path(f"{out}.{rank}").write_text(str(err))
-
-
-def test_ranks_with_other_settings_stop_naming_the_keys(tmp_path) -> None:
-    run_local(2, _agree_on, (str(tmp_path / "verdict"),))
-    expected = "rank 1 runs with other settings or inputs than rank 0: params.lr differ"
-    assert [(tmp_path / f"verdict.{r}").read_text() for r in (0, 1)] == [expected, expected]
+def test_ranks_with_other_settings_are_named_with_the_keys() -> None:
+    rank0 = {"params": {"lr": 0.01, "steps": 4}, "code": "abc"}
+    summaries = [rank0, rank0, {**rank0, "params": {"lr": 0.02, "steps": 4}}, {**rank0, "code": "abd"}]
+    assert disagreements(summaries) == [
+        "rank 2 runs with other settings or inputs than rank 0: params.lr differ",
+        "rank 3 runs with other settings or inputs than rank 0: code differ",
+    ]
+    assert disagreements([rank0, rank0]) == [] and disagreements([rank0]) == []
 
 
 def test_torchrun_s_world_must_be_the_params_world() -> None:
