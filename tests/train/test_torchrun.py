@@ -5,7 +5,8 @@
   each, each in a working directory of its own) run tests/train/torchrun_world.py: rank 0 through
   ``launch.local_world`` (which spawns nothing under torchrun), rank 1 through ``torchrun.run_rank``,
   one SFT step of the tiny model (test_data_parallel's ``_step``). The weights equal world size 1's
-  (train_helpers.assert_weights_match, test_data_parallel's tolerance), the loss to 1e-6.
+  (train_helpers.assert_weights_match, test_data_parallel's tolerance), the loss to 1e-6. The
+  two-agent case is slow (about 6.5 minutes at load average 10 on 2 cores; the standalone one 4.3).
 - A rank killed (SIGKILL) stops the other: torchrun exits non-zero with its failure table naming the
   rank (``ChildFailedError``), and no rank is left running.
 - The settings check under torchrun: the ranks whose summaries differ from rank 0's are named with the
@@ -99,6 +100,7 @@ def test_torchrun_standalone_two_ranks_give_the_weights_of_one_rank(tmp_path) ->
     _same_as_one_rank(tmp_path, out)
 
 
+@pytest.mark.slow  # three torchrun processes and two ranks, each importing DeepSpeed: minutes on 2 busy cores
 def test_two_torchrun_agents_as_two_nodes_give_the_weights_of_one_rank(tmp_path) -> None:
     port, out = free_port(), tmp_path / "node0" / "weights.pt"
     summary = json.dumps({"params": {"lr": 0.01}})
