@@ -28,9 +28,10 @@ from components.train.engine import build_engine
 from components.train.launch import local_world, node_world, share_threads
 from components.train.nodes import Nodes
 from components.train.sft import run_sft
+from components.train.torchrun import run_rank
 from flows import REPO, processed
 from flows._gpu import check_gpu_memory
-from flows._nodes import stage_nodes, summary
+from flows._nodes import stage_nodes, summary, torchrun_follower
 from flows._stage import StageError, mlflow_run, read_params, stage_main, timed
 
 BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
@@ -199,6 +200,11 @@ def main(params: str) -> None:
     if nodes.rank > 0:  # another machine's ranks of node 0's stage: no flow, no MLflow, no outputs
         threads = share_threads(p.deepspeed.world_size, nodes)
         node_world(p.deepspeed.world_size, _worker, (p, threads), nodes=nodes, summary=_summary(nodes, p))
+        return
+    launched = torchrun_follower()
+    if launched is not None:  # a rank torchrun started beside rank 0: its share of each step only
+        threads = share_threads(p.deepspeed.world_size)
+        run_rank(launched, p.deepspeed.world_size, _worker, (p, threads), summary=_summary(nodes, p))
         return
     sft_flow(p)
 

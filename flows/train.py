@@ -49,10 +49,11 @@ from components.train.launch import local_world, node_world, share_threads
 from components.train.nodes import Nodes
 from components.train.rank_mirror import Leader, follow
 from components.train.rl_session import RLSession, prune
+from components.train.torchrun import run_rank
 from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._gpu import check_gpu_memory
-from flows._nodes import stage_nodes, summary
+from flows._nodes import stage_nodes, summary, torchrun_follower
 from flows._stage import STAGE_PARTS, StageError, mlflow_run, read_params, stage_main, timed
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
@@ -651,6 +652,14 @@ def main(params: str, algo: str, rl_seed: int) -> None:
             (p, algo, threads),
             nodes=nodes,
             summary=_summary(nodes, p, algo),
+        )
+        return
+    launched = torchrun_follower()
+    if launched is not None:  # a rank torchrun started beside rank 0: follows rank 0's engine calls
+        p = p.model_copy(update={"seed": rl_seed})
+        threads = share_threads(p.deepspeed.world_size)
+        run_rank(
+            launched, p.deepspeed.world_size, _follower, (p, algo, threads), summary=_summary(nodes, p, algo)
         )
         return
     train_flow(p, algo, rl_seed)

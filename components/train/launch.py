@@ -22,6 +22,9 @@ on several, on node 0's ``TCPStore`` (:data:`TCP_STORE_VAR`, bound to the addres
 gloo binds the loopback interface when the world is on one machine or the address is loopback
 (:func:`components.train.distributed.init_distributed`). Ranks are started with ``spawn`` (fresh
 interpreters): ``fn`` and ``args`` must be picklable.
+
+Under ``torchrun`` (components.train.torchrun) this module spawns nothing: torchrun started the
+ranks and watches them; :func:`local_world` only checks that this process is its rank 0.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from components.train.nodes import (
     join_store,
 )
 from components.train.rank_watch import RankFailed, RankWatch, how_it_ended
+from components.train.torchrun import Torchrun, as_rank_0
 
 __all__ = ["local_world", "node_world", "run_local", "share_threads"]
 
@@ -157,8 +161,15 @@ def local_world(
     :func:`node_world` and must post the same ``summary`` (JSON-able: the stage's params, its inputs'
     digests); their ranks are watched through node 0's store.
 
-    With ``world_size`` 1 nothing is spawned and the environment is left alone (a world of one)."""
+    With ``world_size`` 1 nothing is spawned and the environment is left alone (a world of one).
+    Under ``torchrun`` nothing is spawned either: torchrun started every rank, this one must be its
+    rank 0 and its ``WORLD_SIZE`` must be ``world_size`` (components.train.torchrun.as_rank_0)."""
     _check(world_size)
+    launched = Torchrun.from_env()
+    if launched is not None:
+        with as_rank_0(launched, world_size, summary):
+            yield
+        return
     nodes = nodes or Nodes()
     ranks = nodes.local_ranks(world_size)
     if nodes.rank != 0:
@@ -249,8 +260,12 @@ def _gone(nodes: Nodes, why: str | None) -> str:
 
 def share_threads(world_size: int, nodes: Nodes | None = None) -> int:
     """Each of this machine's ranks' share of this process's torch threads (at least 1); with
-    several ranks here, this process (rank 0) keeps only its share. Pass the share to the others."""
+    several ranks here, this process (rank 0) keeps only its share. Pass the share to the others.
+    Under ``torchrun`` each rank is a process of its own that keeps its threads (torchrun sets
+    ``OMP_NUM_THREADS``, 1 unless the user sets it)."""
     _check(world_size)
+    if Torchrun.from_env() is not None:
+        return torch.get_num_threads()
     local = len((nodes or Nodes()).local_ranks(world_size))
     threads = max(1, torch.get_num_threads() // local)
     if local > 1:

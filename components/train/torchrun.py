@@ -1,0 +1,135 @@
+"""A stage whose ranks ``torchrun`` started: recognise it, check it against the params, and follow it.
+
+``torchrun`` (torch.distributed.run) starts every rank itself, one process each, with ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` (its agent's
+store) and ``TORCHELASTIC_RUN_ID`` (set in every process it starts: how steprl recognises it). It
+watches the ranks and stops the group when one fails, naming it (``ChildFailedError``). Under it,
+steprl spawns nothing (components.train.launch defers): rank 0 runs the stage (Prefect, MLflow,
+rollout, outputs), every other rank runs the stage's worker and returns when the stage ends.
+
+- :meth:`Torchrun.from_env`: this process's place in torchrun's world, or None without torchrun.
+- :meth:`Torchrun.check`: torchrun's ``WORLD_SIZE`` must equal ``deepspeed.world_size`` (the params
+  fix the batch split and so the weights; the launcher only places the ranks).
+- :func:`agree`: with ranks on several machines (``WORLD_SIZE > LOCAL_WORLD_SIZE``), every rank's
+  summary (the stage's params, its inputs' and code's digests) compared with rank 0's before
+  training, which torchrun does not do; a rank that differs stops every rank, naming the keys.
+- :func:`as_rank_0` / :func:`run_rank`: rank 0's side and another rank's side of such a stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from components.dist_env import TORCHRUN_VAR
+from components.train.nodes import NodeError, differences
+
+__all__ = ["Torchrun", "agree", "as_rank_0", "disagreements", "run_rank"]
+
+
+@dataclass(frozen=True)
+class Torchrun:
+    """Where torchrun placed this process."""
+
+    rank: int
+    world_size: int
+    local_world_size: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Torchrun | None:
+        """This process's place when torchrun started it (``TORCHELASTIC_RUN_ID`` set), else None."""
+        env = os.environ if env is None else env
+        if TORCHRUN_VAR not in env:
+            return None
+        try:
+            rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+            local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        except (KeyError, ValueError) as err:
+            raise NodeError(
+                f"{TORCHRUN_VAR} is set (a process torchrun started) but RANK/WORLD_SIZE/LOCAL_WORLD_SIZE "
+                f"are not integers: {err}"
+            ) from None
+        return cls(rank, world, local_world)
+
+    @property
+    def machines(self) -> int:
+        """How many torchrun agents (machines) share the world (``--nnodes``)."""
+        return max(1, self.world_size // self.local_world_size)
+
+    def check(self, world_size: int, key: str = "deepspeed.world_size") -> None:
+        """torchrun's world must be the params' world: NodeError naming both otherwise."""
+        if self.world_size != world_size:
+            raise NodeError(
+                f"torchrun started WORLD_SIZE={self.world_size} ranks but {key}={world_size}: "
+                f"set {key}={self.world_size}, or start {world_size} rank(s) "
+                "(--nnodes x --nproc-per-node); the params fix how batches are split, the launcher only "
+                "places the ranks"
+            )
+
+
+def agree(run: Torchrun, summary: Mapping[str, Any]) -> None:
+    """Every rank's ``summary`` gathered over the world's process group and compared with rank 0's;
+    NodeError on every rank when one differs (the ranks and keys named). Nothing to compare (one
+    machine, empty summary): returns at once."""
+    if run.machines == 1 or not summary:
+        return
+    from components.train.distributed import init_distributed
+
+    init_distributed()
+    mine = json.loads(json.dumps(summary, sort_keys=True, default=str))
+    everyone: list[Any] = [None] * run.world_size
+    dist.all_gather_object(everyone, mine)
+    wrong = disagreements(everyone)
+    if wrong:
+        raise NodeError("; ".join(wrong))
+
+
+def disagreements(summaries: list[Mapping[str, Any]]) -> list[str]:
+    """One line per rank whose summary differs from rank 0's (``summaries[rank]``), naming the keys."""
+    wrong = []
+    for rank, theirs in enumerate(summaries[1:], start=1):
+        diff = differences(summaries[0], theirs)
+        if diff:
+            shown = ", ".join(diff[:12]) + (f" and {len(diff) - 12} more" if len(diff) > 12 else "")
+            wrong.append(f"rank {rank} runs with other settings or inputs than rank 0: {shown} differ")
+    return wrong
+
+
+def _leave() -> None:
+    if dist.is_initialized():  # torn down before the interpreter exits (as launch._entry does)
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def as_rank_0(run: Torchrun, world_size: int, summary: Mapping[str, Any] | None) -> Iterator[None]:
+    """Rank 0 of torchrun's world: checked, agreed with the others; the process group is destroyed on
+    leaving. A failure of another rank is torchrun's to report: it stops this process too."""
+    run.check(world_size)
+    if run.rank != 0:
+        raise NodeError(f"rank {run.rank} of torchrun's world tried to run the stage: rank 0 runs it")
+    try:
+        agree(run, summary or {})
+        yield
+    finally:
+        _leave()
+
+
+def run_rank(
+    run: Torchrun, world_size: int, fn: Callable[..., Any], args: tuple = (), *, summary: Mapping[str, Any]
+) -> None:
+    """Rank ``run.rank`` >= 1 of torchrun's world: checked, agreed with the others, then
+    ``fn(run.rank, *args)``; returns when ``fn`` does."""
+    run.check(world_size)
+    if run.rank == 0:
+        raise NodeError("rank 0 of torchrun's world runs the stage (as_rank_0), not run_rank")
+    try:
+        agree(run, summary)
+        fn(run.rank, *args)
+    finally:
+        _leave()
