@@ -171,7 +171,8 @@ def actor_update(
     seed: int,
     detach_old: bool = False,
 ) -> dict[str, float]:
-    """PPO epochs of the actor over ``rows``; returns metrics averaged over optimizer steps.
+    """PPO epochs of the actor over ``rows``; returns metrics averaged over optimizer steps, and
+    ``pg_clipfrac/step_<j>``, the clipped share of the j-th optimizer step (0-based) alone.
 
     Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from.
     ``seed`` shuffles the mini-batches. ``detach_old``: the old log-probs are this forward's own, detached (ratio exactly 1 at the first
@@ -225,7 +226,12 @@ def actor_update(
             return loss, metrics
 
         history.append(train_step(engine, micro, loss_fn))
-    return _mean_metrics(history)
+    # The clipped share per optimizer step as well as its mean: with the rollout's log-probs as the
+    # old policy the first step's ratio is ~1, and later steps show how far the policy has moved.
+    per_step = {
+        f"pg_clipfrac/step_{j}": h["pg_clipfrac"] for j, h in enumerate(history) if "pg_clipfrac" in h
+    }
+    return {**_mean_metrics(history), **per_step}
 
 
 def critic_update(

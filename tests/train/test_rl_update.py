@@ -162,3 +162,20 @@ def test_critic_has_no_dropout_so_its_training_forward_is_deterministic():
         a = critic_values(critic, batch, per_step=False)
         b = critic_values(critic, batch, per_step=False)
     assert torch.equal(a, b)
+
+
+def test_actor_update_reports_the_clipped_share_of_each_optimizer_step():
+    """Exact old log-probs: the first optimizer step's ratio is 1 (nothing clipped); after it, GSPO's
+    tight clip range (3e-4 / 4e-4) clips the next mini-batch's rows. The mean over steps is kept."""
+    rows = with_old_logprobs(trajectories(8, seed=7), lambda r: 1.0 if int(r["traj_id"][1:]) % 2 else -1.0)
+    size = 6
+    steps = len(_mini_batches(rows, size, 64, epochs=1, seed=0))
+    assert steps >= 2
+    engine = build_engine(tiny_model(), dtype="fp32", micro_batch_size=64, **RL_ENGINE_KW)
+    kw = dict(ACTOR_KW, policy_loss="gspo", loss_agg="seq-mean-token-mean", clip_low=3e-4, clip_high=4e-4)
+    metrics = run_actor_update(engine, rows, **kw, mini_batch_size=size, micro_batch_size=64)
+    per_step = [metrics[f"pg_clipfrac/step_{j}"] for j in range(steps)]
+    assert f"pg_clipfrac/step_{steps}" not in metrics
+    assert per_step[0] == 0.0
+    assert min(per_step[1:]) > 0.0
+    assert metrics["pg_clipfrac"] == pytest.approx(sum(per_step) / steps)
