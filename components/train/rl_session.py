@@ -9,6 +9,7 @@ weights into the running rollout engine. It never reads params.yaml: the flow pa
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from components.train.rl_update import (
     critic_update,
     trajectory_chunks,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class RLSession:
             critic_kw = {**engine_kw, "warmup_steps": warm, "total_steps": max(warm, 1)}
             self.critic = build_engine(critic, lr=cfg.critic_lr, **critic_kw)
             if cfg.critic_init:  # the warm-up's Adam moments, so its first in-run step is not a cold one
-                print(carry_adam_moments(self.critic, Path(cfg.critic_init) / ADAM_MOMENTS))
+                log.info(carry_adam_moments(self.critic, Path(cfg.critic_init) / ADAM_MOMENTS))
         self.ref = None
         if cfg.use_ref:  # frozen, outside DeepSpeed: on the actor's device, where annotate feeds it
             ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval()

@@ -311,11 +311,13 @@ def test_the_reference_model_is_placed_beside_the_actor(monkeypatch):
             return self
 
     actor = SimpleNamespace(module=torch.nn.Linear(1, 1).to("meta"))  # "the actor's device": meta
-    monkeypatch.setattr(rl_session, "AutoTokenizer", SimpleNamespace(from_pretrained=lambda d: _Tok()))
+    import transformers  # rl_session imports its model classes from it when a session starts
+
+    monkeypatch.setattr(transformers, "AutoTokenizer", SimpleNamespace(from_pretrained=lambda d: _Tok()))
     monkeypatch.setattr(rl_session, "ChatRenderer", lambda *a, **k: None)
     monkeypatch.setattr(rl_session, "build_engine", lambda *a, **k: actor)
     monkeypatch.setattr(
-        rl_session, "AutoModelForCausalLM", SimpleNamespace(from_pretrained=lambda d: Loaded(1, 1))
+        transformers, "AutoModelForCausalLM", SimpleNamespace(from_pretrained=lambda d: Loaded(1, 1))
     )
     monkeypatch.setattr(rl_session, "make_engine", lambda *a, **k: None)
     session = RLSession("/nowhere", _session_cfg(use_ref=True), tools=None)

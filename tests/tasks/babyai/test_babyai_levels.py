@@ -102,8 +102,9 @@ def test_episode_metrics_by_hand():
     )
     with pytest.raises(ValueError, match="step record 0 has no 'traj_id'"):
         episode_metrics([{"step": 0}])
-    without_step = [{k: v for k, v in s.items() if k != "step"} for s in steps]  # a key never read
-    assert episode_metrics(without_step) == episode_metrics(steps)
+    without_step = [{k: v for k, v in s.items() if k != "step"} for s in steps]  # the loop metrics read it
+    with pytest.raises(ValueError, match="step record 0 has no 'traj_id' or 'step'"):
+        episode_metrics(without_step)
 
 
 def test_params_name_what_is_wrong():
