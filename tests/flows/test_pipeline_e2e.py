@@ -87,13 +87,16 @@ def test_every_stage_produces_its_outputs(repro):
     assert sft_problems["id"].to_list() == test_ids and (sft_problems["n_sampled"] == 2).all()
     report = (ws / "reports/compare.md").read_text()
     interval = r"[+-]?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]"
-    assert "| algorithm | seeds | accuracy (greedy) [95% CI] | greedy vs SFT [95% CI] |" in report
-    for algo in ALGOS:  # mean over seeds [interval], difference to SFT [interval] (greedy, then sampled)
+    assert (  # the headline protocol (compare.headline: sampled at T=0.4) first, then greedy
+        "| algorithm | seeds | accuracy (sampled at T=0.4, 2 per problem) [95% CI] | t0.4 vs SFT [95% CI] "
+        "| accuracy (greedy) [95% CI] | greedy vs SFT [95% CI] |" in report
+    )
+    for algo in ALGOS:  # mean over seeds [interval], difference to SFT [interval] (T=0.4, then greedy)
         assert re.search(
             rf"^\| {algo} \| 0, 1 \| {interval} \| {interval} \| {interval} \| {interval} \|", report, re.M
         ), algo
         assert re.search(
-            rf"^- \*\*{algo}\*\* \(2 seeds\): greedy accuracy .* against SFT (significantly|no significant)",
+            rf"^- \*\*{algo}\*\* \(2 seeds\): .*greedy: accuracy .* against SFT (significantly|no significant)",
             report,
             re.M,
         ), algo
@@ -108,7 +111,8 @@ def test_every_stage_produces_its_outputs(repro):
     assert ev["mean_turns"] >= 1
     # evaluate.samples (default 2) sampled episodes per row besides the greedy one
     assert ev["samples_per_prompt"] == 2 and 0 <= ev["sampled_accuracy"] <= ev["pass_at_k"] <= 1, ev
-    assert "sampled accuracy (mean@k)" in report and "k = 2 episodes per problem at temperature 1" in report
+    assert "**Headline protocol: sampled at T=0.4, 2 per problem.**" in report
+    assert "is mean@k" in report and "sampled at T=1, 2 per problem" in report
     sft = json.loads((ws / "metrics/sft.json").read_text())
     assert sft["steps"] == 4 and sft["loss"] > 0
 
