@@ -41,12 +41,22 @@ class Problem:
     wrong_code: str  # a first attempt that fails with a NameError
 
 
+def _value(terms: list[int], ops: list[str]) -> int:
+    """terms joined by ops (+, -, *), * binding tighter, as Python reads it (no eval of text)."""
+    total, sign, product = 0, 1, terms[0]
+    for op, t in zip(ops, terms[1:]):
+        if op == "*":
+            product *= t
+        else:
+            total, sign, product = total + sign * product, (1 if op == "+" else -1), t
+    return total + sign * product
+
+
 def _arithmetic(rng: random.Random, n: int) -> Problem:
-    terms = [str(rng.randint(2, n)) for _ in range(rng.randint(3, 4))]
-    expr = terms[0]
-    for t in terms[1:]:
-        expr += f" {rng.choice('+-*')} {t}"
-    return _problem("basic_arithmetic", f"Compute {expr}.", str(eval(expr)), f"print({expr})")
+    terms = [rng.randint(2, n) for _ in range(rng.randint(3, 4))]
+    ops = [rng.choice("+-*") for _ in terms[1:]]
+    expr = str(terms[0]) + "".join(f" {op} {t}" for op, t in zip(ops, terms[1:]))
+    return _problem("basic_arithmetic", f"Compute {expr}.", str(_value(terms, ops)), f"print({expr})")
 
 
 def _gcd(rng: random.Random, n: int) -> Problem:

@@ -87,3 +87,14 @@ def test_demonstrations_are_what_the_sandbox_returns(sandbox):
                 if call.get("tool_calls"):
                     code = call["tool_calls"][0]["function"]["arguments"]["code"]
                     assert tool.execute({"code": code}).text == reply["content"], (name, code)
+
+
+def test_arithmetic_value_reads_the_expression_as_python_does():
+    """* binds tighter than + and -, left to right otherwise; values derived by hand."""
+    from components.tasks.code.generator import _value
+
+    assert _value([2, 3, 4], ["+", "*"]) == 14  # 2 + 3 * 4
+    assert _value([2, 3, 4], ["*", "-"]) == 2  # 2 * 3 - 4
+    assert _value([10, 3, 2, 5], ["-", "*", "+"]) == 9  # 10 - 3 * 2 + 5
+    assert _value([7, 2, 3], ["-", "-"]) == 2  # 7 - 2 - 3
+    assert _value([9], []) == 9
