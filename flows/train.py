@@ -29,7 +29,6 @@ import uuid
 from pathlib import Path
 
 import polars as pl
-import psutil
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
@@ -54,7 +53,7 @@ from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._gpu import check_gpu_memory
 from flows._nodes import stage_nodes, summary, torchrun_follower
-from flows._stage import STAGE_PARTS, StageError, mlflow_run, read_params, stage_main, timed
+from flows._stage import STAGE_PARTS, StageError, mlflow_run, process_age, read_params, stage_main, timed
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
 from flows.train_metrics import anchor_metrics, iteration_metrics
@@ -398,7 +397,7 @@ def _summary(nodes: Nodes, params: Params, algo: str) -> dict:
 def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run: str) -> dict:
     import mlflow
 
-    t, parts = params.train, {"process_start": time.time() - psutil.Process().create_time()}
+    t, parts = params.train, {"process_start": process_age()}
     with timed("session_start", parts):
         session: Session = _open_session(params, algo)
     if params.deepspeed.world_size > 1:
