@@ -62,6 +62,8 @@ def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str
         "tool_calls/valid_rate": (batch["n_valid_calls"].sum() / calls) if calls else 0.0,
         "tool_calls/per_trajectory": calls / max(traj.height, 1),
         "tool_calls/per_step": calls / max(batch.height, 1),
+        # every call of the iteration's rollout (the load on a tool: the code task's sandbox)
+        "tool_calls/per_iteration": float(calls),
         # episodes that ended on their own final turn (not truncated) without any tool call
         "tool_calls/answer_without_tool_rate": traj["no_tool_answer"].mean(),
         "format_error/rate": batch["format_error"].mean(),

@@ -1,7 +1,7 @@
 """Run a batch of agent episodes turn by turn and emit one record per agent step.
 
 At each turn, ONE generate call covers every still-active episode; then each environment steps on
-its action. The context of the next step is the exact previous context + the sampled response ids +
+its action (several at once, in threads, where the environments allow it: ``concurrent_steps``). The context of the next step is the exact previous context + the sampled response ids +
 the rendered observation ids, so ``prompt_ids``/``response_ids`` are what the model saw and sampled.
 
 With ``context_window`` k, the context of step t is the first observation's ids (system + first user
@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,8 +99,21 @@ def run_episodes(
             ),
             seeds=[episode_seed(seed, ep.traj_id, turn) for ep in active],
         )
-        for ep, (gen,) in zip(active, gens):
-            _advance(ep, gen, renderer, turn, last_turn=turn == max_steps - 1, window=context_window)
+        actions = [renderer.decode(gen.token_ids) for (gen,) in gens]
+        keys = [_state_key(ep.env) for ep in active]  # the states the actions respond to
+        outcomes = _step_envs([ep.env for ep in active], actions)
+        for ep, (gen,), action, key, out in zip(active, gens, actions, keys, outcomes):
+            _advance(
+                ep,
+                gen,
+                action,
+                key,
+                out,
+                renderer,
+                turn,
+                last_turn=turn == max_steps - 1,
+                window=context_window,
+            )
         bar.update(sum(ep.done for ep in active))
         bar.set_postfix(turn=turn + 1, active=sum(not ep.done for ep in episodes))
     bar.close()
@@ -172,13 +186,33 @@ def _state_key(env: Any) -> str:
     return "" if key is None else str(key)
 
 
+def _step_envs(envs: list[Any], actions: list[str]) -> list[Any]:
+    """``env.step(action)`` for each pair, in order. When every env allows it (``concurrent_steps``
+    > 1), up to the smallest such number of steps run at once in threads: an env that waits on another
+    process (a sandbox) then waits side by side with the others. The outcomes are in the envs' order
+    whatever order the steps finish in, and an exception in one step is raised as it would be
+    unthreaded (after the others have finished)."""
+    workers = min((int(getattr(env, "concurrent_steps", 1)) for env in envs), default=1)
+    if workers <= 1 or len(envs) <= 1:
+        return [env.step(action) for env, action in zip(envs, actions)]
+    with ThreadPoolExecutor(max_workers=min(workers, len(envs)), thread_name_prefix="env-step") as pool:
+        return list(pool.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions)))
+
+
 def _advance(
-    ep: Episode, gen, renderer: ChatRenderer, turn: int, last_turn: bool, window: int | None
+    ep: Episode,
+    gen,
+    action: str,
+    obs_key: str,
+    out: Any,
+    renderer: ChatRenderer,
+    turn: int,
+    last_turn: bool,
+    window: int | None,
 ) -> None:
-    action = renderer.decode(gen.token_ids)
-    obs_key = _state_key(ep.env)  # the state this action responds to, before the env steps
+    """Record the step that ``gen`` (decoded: ``action``) made from the state ``obs_key``, whose
+    environment answered ``out``, and extend the episode's context."""
     cut = gen.finish_reason != "stop"  # cut at max_response_len: no stop token
-    out = ep.env.step(action)
     ep.env_steps.append(len(ep.steps))
     feedback = "\n".join(str(m.get("content", "")) for m in out.messages)
     info = dict(out.info)

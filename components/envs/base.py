@@ -71,6 +71,11 @@ class AgentEnv(ABC):
     """One episode at a time: ``reset(row)`` then ``step(action_text)`` until ``done``."""
 
     tools: list[dict[str, Any]]  # OpenAI tool schemas, for the chat template
+    # How many episodes' ``step`` calls the agent loop may run at once, each in a thread of its own
+    # (every episode has its own env instance). 1 (the default): one after another, for envs that
+    # compute in this process (threads would only add overhead) or share state between instances.
+    # An env whose step waits on another process sets more (the code task: its sandbox's workers).
+    concurrent_steps: int = 1
 
     @abstractmethod
     def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -57,6 +57,7 @@ def _batch() -> list[dict]:
 def test_tool_use_metrics_by_hand() -> None:
     m = iteration_metrics(pl.DataFrame(_batch()), {"actor/pg_loss": 0.25})
     assert m["tool_calls/per_step"] == pytest.approx(4 / 6)  # 1 + 1 + 0 | 0 | 2 + 0 calls, 6 steps
+    assert m["tool_calls/per_iteration"] == 4.0
     assert m["tool_calls/per_trajectory"] == pytest.approx(4 / 3)
     assert m["tool_calls/answer_without_tool_rate"] == pytest.approx(1 / 3)  # b0 only
     assert m["tool_calls/valid_rate"] == pytest.approx(3 / 4)

@@ -2,7 +2,8 @@
 
 The sandbox is the process's shared one for the task's settings (``data_dir/sandbox.json``, written
 by prepare from ``tasks.code``; the defaults without it), started on the first environment and
-reused by every later one. A traceback or a wrong print is a tool result like any other: the model
+reused by every later one; the agent loop steps up to the sandbox's ``workers`` episodes at once
+(``concurrent_steps``), so their programs run side by side. A traceback or a wrong print is a tool result like any other: the model
 can try again within ``rollout.max_steps``.
 """
 
@@ -49,6 +50,8 @@ class CodeEnv(ToolEnv):
             max_output_chars=tool.sandbox.limits.output_bytes,
         )
         self._generator = ""
+        # the sandbox runs this many programs at once: the agent loop steps as many episodes together
+        self.concurrent_steps = tool.sandbox.workers
 
     def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         if "generator" not in row:

@@ -79,4 +79,6 @@ def test_recipe_registered_with_its_tool(tmp_path):
     row = splits["test"].row(0, named=True)
     assert env.reset(row) == recipe.initial_messages(row)
     assert env.tool_timeout_s > 2.0
+    # the agent loop steps as many episodes at once as the sandbox runs programs
+    assert env.concurrent_steps == env._tools["python"].sandbox.workers == 2
     assert recipe.params({}).turns_needed() == 3
