@@ -184,6 +184,15 @@ class RolloutParams(Section):
     # before the weight sync. Accepted and unused on CPU.
     sleep_during_update: bool = True
 
+    def episode_limits(self) -> dict[str, int | None]:
+        """The limits of an episode, as :func:`components.agent.loop.run_episodes` takes them."""
+        return {
+            "max_steps": self.max_steps,
+            "max_prompt_len": self.max_prompt_len,
+            "max_response_len": self.max_response_len,
+            "context_window": self.context_window,
+        }
+
     def engine_settings(
         self, seed: int, *, updates: bool = False, own_process: bool = False
     ) -> EngineSettings:

@@ -180,10 +180,7 @@ def rollout(
         ]
         return session.play(
             episodes,
-            max_steps=r.max_steps,
-            max_prompt_len=r.max_prompt_len,
-            max_response_len=r.max_response_len,
-            context_window=r.context_window,
+            **r.episode_limits(),
             temperature=t.temperature,
             seed=params.seed * 7919 + k,
             desc=f"{name} rollout {k}" + (f" ({start}+)" if start else ""),
@@ -283,10 +280,7 @@ def validate(session: Session, name: str, k: int, params: Params, seed: int) -> 
         ]
         steps = session.play(
             episodes,
-            max_steps=r.max_steps,
-            max_prompt_len=r.max_prompt_len,
-            max_response_len=r.max_response_len,
-            context_window=r.context_window,
+            **r.episode_limits(),
             temperature=0.0 if temperature is None else temperature,
             seed=seed,
             desc=f"{name} validate {k} ({protocol})",

@@ -537,3 +537,15 @@ def test_protocols_are_greedy_then_one_per_temperature():
 def test_bad_protocol_settings_name_the_key(raw, words):
     with pytest.raises(ConfigError, match=words):
         parse_params({"task": "calc", **raw})
+
+
+def test_episode_limits_are_run_episodes_keywords_with_the_rollout_values():
+    import inspect
+
+    from components.agent.loop import run_episodes
+    from components.config import RolloutParams
+
+    r = RolloutParams(max_steps=7, max_prompt_len=300, max_response_len=20, context_window=2)
+    limits = r.episode_limits()
+    assert limits == {"max_steps": 7, "max_prompt_len": 300, "max_response_len": 20, "context_window": 2}
+    assert set(limits) <= set(inspect.signature(run_episodes).parameters)
