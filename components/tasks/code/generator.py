@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from components.tasks.calc.calculator import evaluate, format_number
 from components.tasks.demonstrations import answer_message, encode, tool_call_message, tool_message
 
 __all__ = ["GENERATORS", "Problem", "generate_splits", "score_answer"]
@@ -41,22 +42,12 @@ class Problem:
     wrong_code: str  # a first attempt that fails with a NameError
 
 
-def _value(terms: list[int], ops: list[str]) -> int:
-    """terms joined by ops (+, -, *), * binding tighter, as Python reads it (no eval of text)."""
-    total, sign, product = 0, 1, terms[0]
-    for op, t in zip(ops, terms[1:]):
-        if op == "*":
-            product *= t
-        else:
-            total, sign, product = total + sign * product, (1 if op == "+" else -1), t
-    return total + sign * product
-
-
 def _arithmetic(rng: random.Random, n: int) -> Problem:
     terms = [rng.randint(2, n) for _ in range(rng.randint(3, 4))]
     ops = [rng.choice("+-*") for _ in terms[1:]]
     expr = str(terms[0]) + "".join(f" {op} {t}" for op, t in zip(ops, terms[1:]))
-    return _problem("basic_arithmetic", f"Compute {expr}.", str(_value(terms, ops)), f"print({expr})")
+    # the calc task's calculator reads the expression as Python does, without eval
+    return _problem("basic_arithmetic", f"Compute {expr}.", format_number(evaluate(expr)), f"print({expr})")
 
 
 def _gcd(rng: random.Random, n: int) -> Problem:

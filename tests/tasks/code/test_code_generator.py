@@ -89,12 +89,32 @@ def test_demonstrations_are_what_the_sandbox_returns(sandbox):
                     assert tool.execute({"code": code}).text == reply["content"], (name, code)
 
 
-def test_arithmetic_value_reads_the_expression_as_python_does():
-    """* binds tighter than + and -, left to right otherwise; values derived by hand."""
-    from components.tasks.code.generator import _value
+class _Scripted(random.Random):
+    """Draws the given terms and operators where basic_arithmetic draws at random."""
 
-    assert _value([2, 3, 4], ["+", "*"]) == 14  # 2 + 3 * 4
-    assert _value([2, 3, 4], ["*", "-"]) == 2  # 2 * 3 - 4
-    assert _value([10, 3, 2, 5], ["-", "*", "+"]) == 9  # 10 - 3 * 2 + 5
-    assert _value([7, 2, 3], ["-", "-"]) == 2  # 7 - 2 - 3
-    assert _value([9], []) == 9
+    def __init__(self, expr: str) -> None:
+        super().__init__(0)
+        words = expr.split()
+        self.count, self.terms, self.ops = len(words[::2]), iter(words[::2]), iter(words[1::2])
+
+    def randint(self, a: int, b: int) -> int:
+        return self.count if (a, b) == (3, 4) else int(next(self.terms))
+
+    def choice(self, seq):
+        return next(self.ops)
+
+
+def test_arithmetic_answer_reads_the_expression_as_python_does():
+    """* binds tighter than + and -, left to right otherwise; values derived by hand."""
+    from components.tasks.code.generator import _arithmetic
+
+    def answer(expr: str) -> str:
+        problem = _arithmetic(_Scripted(expr), 99)
+        assert problem.question == f"Compute {expr}."
+        return problem.answer
+
+    assert answer("2 + 3 * 4") == "14"
+    assert answer("2 * 3 - 4") == "2"
+    assert answer("10 - 3 * 2 + 5") == "9"
+    assert answer("7 - 2 - 3") == "2"
+    assert answer("9") == "9"
