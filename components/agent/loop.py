@@ -1,8 +1,9 @@
 """Run a batch of agent episodes turn by turn and emit one record per agent step.
 
 At each turn, ONE generate call covers every still-active episode; then each environment steps on
-its action (several at once, in threads, where the environments allow it: ``concurrent_steps``). The context of the next step is the exact previous context + the sampled response ids +
-the rendered observation ids, so ``prompt_ids``/``response_ids`` are what the model saw and sampled.
+its action (several at once, in threads, where the environments allow it: ``concurrent_steps``).
+The context of the next step is the exact previous context + the sampled response ids + the
+rendered observation ids, so ``prompt_ids``/``response_ids`` are what the model saw and sampled.
 
 With ``context_window`` k, the context of step t is the first observation's ids (system + first user
 message, rendered) followed by the token segments of the last k turns, a segment being that turn's

@@ -67,10 +67,12 @@ class WaitingEnv(AgentEnv):
         return f"{self.question}|{self.calls}"
 
 
-def play(tok, renderer, gauge: Gauge, concurrent_steps: int) -> list[dict]:
+def play(tok, renderer, gauge: Gauge, concurrent_steps: int, env=None) -> list[dict]:
+    """Every question's episode (a tool call, then the answer) on ``env`` (WaitingEnv by default)."""
     engine = ScriptedEngine(tok, {q: [call("1 + 1"), answer("2")] for q in QUESTIONS})
+    env = env or WaitingEnv
     eps = [
-        Episode(f"q{i}-0", f"q{i}", WaitingEnv(gauge, concurrent_steps), row(f"q{i}", q, "2"))
+        Episode(f"q{i}-0", f"q{i}", env(gauge, concurrent_steps), row(f"q{i}", q, "2"))
         for i, q in enumerate(QUESTIONS)
     ]
     return run_episodes(engine, renderer, eps, **LOOSE)
@@ -112,12 +114,7 @@ class FailingEnv(WaitingEnv):
 
 
 def test_an_env_that_fails_in_a_thread_fails_the_rollout_with_its_own_error(tok, renderer):
-    engine = ScriptedEngine(tok, {q: [call("1 + 1"), answer("2")] for q in QUESTIONS})
     gauge = Gauge()
-    eps = [
-        Episode(f"q{i}-0", f"q{i}", FailingEnv(gauge, 4), row(f"q{i}", q, "2"))
-        for i, q in enumerate(QUESTIONS)
-    ]
     with pytest.raises(RuntimeError, match="env of q2 broke"):
-        run_episodes(engine, renderer, eps, **LOOSE)
+        play(tok, renderer, gauge, concurrent_steps=4, env=FailingEnv)
     assert gauge.now == 0  # no step is left running

@@ -3,8 +3,8 @@
 The sandbox is the process's shared one for the task's settings (``data_dir/sandbox.json``, written
 by prepare from ``tasks.code``; the defaults without it), started on the first environment and
 reused by every later one; the agent loop steps up to the sandbox's ``workers`` episodes at once
-(``concurrent_steps``), so their programs run side by side. A traceback or a wrong print is a tool result like any other: the model
-can try again within ``rollout.max_steps``.
+(``concurrent_steps``), so their programs run side by side. A traceback or a wrong print is a tool
+result like any other: the model can try again within ``rollout.max_steps``.
 """
 
 from __future__ import annotations
