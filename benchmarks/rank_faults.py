@@ -1,7 +1,6 @@
 """How long a 2-rank world takes to end after a rank is killed, and what it leaves behind.
 
     python benchmarks/rank_faults.py [--repeats 5] [--model models/base] [--what follower,rank0]
-    python benchmarks/rank_faults.py --what nodes,node0
 
 Each repeat starts a stand-in of the train stage in a process of its own: rank 0 of a 2-rank
 ``components.train.launch.local_world``, rank 1 waiting for rank 0's next call in a broadcast (as a
@@ -13,13 +12,9 @@ train-stage follower does), and for ``rank0`` an own-process vLLM engine on ``--
   the processes of the world still running 10 s after that;
 - ``rank0``: rank 0 is killed with SIGKILL mid-generation; measured: seconds until every process of
   its tree (recorded before the kill: rank 1, vLLM's EngineCore and worker, the resource tracker) has
-  ended, and those still running after 60 s;
-- ``nodes``: two launchers on this machine as two nodes of a 2-rank world (tests/train/two_node_world.py
-  ``wait``: node 0's TCPStore on 127.0.0.1, one rank per node); node 1's rank is killed with SIGKILL;
-  measured: seconds until both launchers have exited (node 1 reports the rank through the store,
-  rank 0's watch reads it), and what is left of either process group;
-- ``node0``: the same two nodes; node 0 (rank 0) is killed with SIGKILL; measured: seconds until
-  node 1 has exited (its store calls fail, it stops its rank).
+  ended, and those still running after 60 s.
+
+Ranks on several machines are torchrun's, which stops them itself (tests/train/test_torchrun.py).
 
 Prints one line per repeat and min / median / max. Shared machines are noisy: give the load average.
 """
@@ -27,16 +22,13 @@ Prints one line per repeat and min / median / max. Shared machines are noisy: gi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import psutil
 
@@ -127,61 +119,6 @@ def once(what: str, model: str) -> tuple[float, list[str]]:
             p.kill()
 
 
-REPO = Path(__file__).resolve().parents[1]
-TWO_NODES = REPO / "tests" / "train" / "two_node_world.py"
-
-
-def _ready_pid(proc: subprocess.Popen) -> int:
-    for line in proc.stdout:
-        if line.startswith("READY "):
-            return int(line.split()[1])
-    raise SystemExit(f"a node exited before it was ready ({proc.wait()})")
-
-
-def once_nodes(what: str) -> tuple[float, list[str]]:
-    from components.train.distributed import free_port
-
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(REPO)
-    with tempfile.TemporaryDirectory(prefix="steprl-nodes-") as tmp:
-        procs = []
-        for n in (0, 1):
-            (Path(tmp) / f"n{n}").mkdir()
-            args = [sys.executable, str(TWO_NODES), "wait", str(n), str(port), f"{tmp}/w.pt"]
-            procs.append(
-                subprocess.Popen(
-                    args,
-                    cwd=f"{tmp}/n{n}",
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
-        try:
-            _, rank1 = _ready_pid(procs[0]), _ready_pid(procs[1])
-            time.sleep(2.0)
-            trees = [psutil.Process(p.pid).children(recursive=True) for p in procs]
-            t0 = time.monotonic()
-            if what == "nodes":
-                os.kill(rank1, signal.SIGKILL)
-                for p in procs:
-                    p.communicate(timeout=300)
-            else:
-                procs[0].kill()
-                procs[1].communicate(timeout=300)
-            took = time.monotonic() - t0
-            time.sleep(5.0)
-            return took, [f"{p.pid} {p.name()}" for p in _alive([q for tree in trees for q in tree])]
-        finally:
-            for p in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -196,7 +133,7 @@ def main() -> None:
     for what in args.what.split(","):
         times = []
         for i in range(args.repeats):
-            took, left = once_nodes(what) if what in ("nodes", "node0") else once(what, args.model)
+            took, left = once(what, args.model)
             times.append(took)
             print(
                 f"{what} killed, repeat {i + 1}: ended after {took:.2f} s, left behind: {left or 'nothing'}",

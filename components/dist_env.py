@@ -8,14 +8,12 @@ a process of its own (it must not join the trainer's world). It reads and sets n
 
 from __future__ import annotations
 
-__all__ = ["LAUNCHER_VARS", "STORE_FILE_VAR", "TCP_STORE_VAR", "TORCHRUN_VAR", "TORCHRUN_VARS", "WORLD_VARS"]
+__all__ = ["LAUNCHER_VARS", "STORE_FILE_VAR", "TORCHRUN_VAR", "TORCHRUN_VARS", "WORLD_VARS"]
 
 # What the deepspeed/torchrun launcher sets for every rank.
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # Set by components.train.launch: the FileStore path of a world of local processes.
 STORE_FILE_VAR = "STEPRL_STORE_FILE"
-# Set by components.train.launch on several machines: "host:port" of node 0's TCPStore.
-TCP_STORE_VAR = "STEPRL_TCP_STORE"
 # Set by torchrun in every process it starts: how a stage knows torchrun placed its ranks.
 TORCHRUN_VAR = "TORCHELASTIC_RUN_ID"
 # What else torchrun sets for a rank; TORCHELASTIC_USE_AGENT_STORE makes any TCP rendezvous in the
@@ -35,4 +33,4 @@ TORCHRUN_VARS = (
     "TORCHELASTIC_ERROR_FILE",
 )
 # Everything that makes a process join a world: what a process outside the world must not inherit.
-WORLD_VARS = (*LAUNCHER_VARS, *TORCHRUN_VARS, STORE_FILE_VAR, TCP_STORE_VAR)
+WORLD_VARS = (*LAUNCHER_VARS, *TORCHRUN_VARS, STORE_FILE_VAR)

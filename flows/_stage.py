@@ -20,8 +20,8 @@ from components.config import ConfigError, Params, load_params
 from components.determinism import DeterminismSettings, make_deterministic
 from components.io import write_json
 from components.precision import resolve_rollout_dtype, resolve_train_dtype
-from components.train.nodes import NodeError
 from components.train.rank_watch import RankFailed
+from components.train.torchrun import NodeError
 from flows import REPO
 
 
@@ -113,7 +113,7 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
         for line in str(err).splitlines() or [type(err).__name__]:  # one line per problem
             print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
-    except (RankFailed, NodeError) as err:  # a rank died, or the machines of a world cannot meet
+    except (RankFailed, NodeError) as err:  # a rank died, or torchrun's ranks do not fit or agree
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     except torch.OutOfMemoryError as err:  # what the pre-flight (flows._gpu) could not foresee

@@ -25,13 +25,12 @@ from components.model.tiny import is_complete_checkpoint, load_hf
 from components.plots import line_chart
 from components.train.checkpoint import save_checkpoint
 from components.train.engine import build_engine
-from components.train.launch import local_world, node_world, share_threads
-from components.train.nodes import Nodes
+from components.train.launch import local_world, share_threads
 from components.train.sft import run_sft
 from components.train.torchrun import run_rank
 from flows import REPO, processed
 from flows._gpu import check_gpu_memory
-from flows._nodes import stage_nodes, summary, torchrun_follower
+from flows._nodes import check_world, machines, summary, torchrun_follower
 from flows._stage import StageError, mlflow_run, read_params, stage_main, timed
 
 BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
@@ -143,12 +142,12 @@ def train(params: Params) -> list[dict]:
         if len(pending) >= LOG_BATCH:
             flush()
 
-    world, nodes = params.deepspeed.world_size, stage_nodes(params)
-    threads = share_threads(world, nodes)
+    world = params.deepspeed.world_size
+    threads = share_threads(world)
     if world > 1:
-        print(f"sft: {world} data-parallel ranks on {nodes.count} machine(s), {threads} torch thread(s) each")
+        print(f"sft: {world} data-parallel ranks on {machines()} machine(s), {threads} torch thread(s) each")
     try:
-        with local_world(world, _worker, (params, threads), nodes=nodes, summary=_summary(nodes, params)):
+        with local_world(world, _worker, (params, threads), summary=_summary(params)):
             return _train(params, on_step=on_step)
     finally:  # also what a failed run had logged
         flush()
@@ -185,10 +184,10 @@ def sft_flow(params: Params) -> dict:
     return final
 
 
-def _summary(nodes: Nodes, params: Params) -> dict:
+def _summary(params: Params) -> dict:
     """What every machine of a multi-machine SFT must run with (flows._nodes)."""
     inputs = {"models/base": BASE, "train split": processed(params.task) / "train.parquet"}
-    return summary(nodes, "sft", params, inputs)
+    return summary("sft", params, inputs)
 
 
 def main(params: str) -> None:
@@ -196,15 +195,11 @@ def main(params: str) -> None:
     if not is_complete_checkpoint(BASE):
         raise StageError(f"sft: {BASE} is not a complete checkpoint (run the base_model stage first)")
     check_gpu_memory(p, BASE, trained_models=1)
-    nodes = stage_nodes(p)
-    if nodes.rank > 0:  # another machine's ranks of node 0's stage: no flow, no MLflow, no outputs
-        threads = share_threads(p.deepspeed.world_size, nodes)
-        node_world(p.deepspeed.world_size, _worker, (p, threads), nodes=nodes, summary=_summary(nodes, p))
-        return
+    check_world(p)
     launched = torchrun_follower()
     if launched is not None:  # a rank torchrun started beside rank 0: its share of each step only
         threads = share_threads(p.deepspeed.world_size)
-        run_rank(launched, p.deepspeed.world_size, _worker, (p, threads), summary=_summary(nodes, p))
+        run_rank(launched, p.deepspeed.world_size, _worker, (p, threads), summary=_summary(p))
         return
     sft_flow(p)
 

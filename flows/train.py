@@ -44,15 +44,14 @@ from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
 from components.train.collapse import collapse_metrics
 from components.train.group_filter import fill_batch
-from components.train.launch import local_world, node_world, share_threads
-from components.train.nodes import Nodes
+from components.train.launch import local_world, share_threads
 from components.train.rank_mirror import Leader, follow
 from components.train.rl_session import RLSession, prune
 from components.train.torchrun import run_rank
 from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._gpu import check_gpu_memory
-from flows._nodes import stage_nodes, summary, torchrun_follower
+from flows._nodes import check_world, machines, summary, torchrun_follower
 from flows._stage import STAGE_PARTS, StageError, mlflow_run, process_age, read_params, stage_main, timed
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
@@ -364,28 +363,28 @@ def train_flow(params: Params, algo: str, rl_seed: int) -> dict:
     sft_seed, params = params.seed, params.model_copy(update={"seed": rl_seed})
     name = CompareParams.run_name(algo, rl_seed)
     run = _prepare_run_dir(params, algo, name)
-    world, nodes = params.deepspeed.world_size, stage_nodes(params)
-    threads = share_threads(world, nodes)
+    world = params.deepspeed.world_size
+    threads = share_threads(world)
     if world > 1:
         print(
-            f"{name}: {world} data-parallel ranks on {nodes.count} machine(s), {threads} torch thread(s) each"
+            f"{name}: {world} data-parallel ranks on {machines()} machine(s), {threads} torch thread(s) each"
         )
     pool = rl_prompts(pl.read_parquet(processed(params.task) / "train.parquet"), params).height
     note = prompt_pool_note(params, algo, pool)
     if note is not None:
         print(f"{name}: {note}")
-    agreed = _summary(nodes, params, algo)
-    with local_world(world, _follower, (params, algo, threads), nodes=nodes, summary=agreed):  # rank 0
+    agreed = _summary(params, algo)
+    with local_world(world, _follower, (params, algo, threads), summary=agreed):  # rank 0
         return _run(params, algo, rl_seed, sft_seed, name, run)
 
 
-def _summary(nodes: Nodes, params: Params, algo: str) -> dict:
+def _summary(params: Params, algo: str) -> dict:
     """What every machine of a multi-machine run must run with (flows._nodes); ``params.seed`` is
     the RL seed here."""
     inputs = {"models/sft": SFT, "train split": processed(params.task) / "train.parquet"}
     if warm_critic() is not None:
         inputs["models/critic"] = warm_critic()
-    return summary(nodes, "train", params, inputs, algo=algo)
+    return summary("train", params, inputs, algo=algo)
 
 
 def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run: str) -> dict:
@@ -635,25 +634,12 @@ def main(params: str, algo: str, rl_seed: int) -> None:
         )
     critic = resolved(p, algo)["critic"] is not None
     check_gpu_memory(p, SFT, trained_models=1 + critic, reference=p.train.kl_coef > 0, rollout=True)
-    nodes = stage_nodes(p)
-    if nodes.rank > 0:  # another machine's ranks of node 0's run: no flow, no MLflow, no outputs
-        p = p.model_copy(update={"seed": rl_seed})
-        threads = share_threads(p.deepspeed.world_size, nodes)
-        node_world(
-            p.deepspeed.world_size,
-            _follower,
-            (p, algo, threads),
-            nodes=nodes,
-            summary=_summary(nodes, p, algo),
-        )
-        return
+    check_world(p)
     launched = torchrun_follower()
     if launched is not None:  # a rank torchrun started beside rank 0: follows rank 0's engine calls
         p = p.model_copy(update={"seed": rl_seed})
         threads = share_threads(p.deepspeed.world_size)
-        run_rank(
-            launched, p.deepspeed.world_size, _follower, (p, algo, threads), summary=_summary(nodes, p, algo)
-        )
+        run_rank(launched, p.deepspeed.world_size, _follower, (p, algo, threads), summary=_summary(p, algo))
         return
     train_flow(p, algo, rl_seed)
 

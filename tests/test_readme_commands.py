@@ -175,7 +175,7 @@ python benchmarks/logprob_gap.py
 python benchmarks/no_such_benchmark.py
 eval "$(.venv/bin/python -m flows.serves env)"
 dvc plots diff $(dvc exp ls --names-only)
-STEPRL_NODES=2 GLOO_SOCKET_IFNAME=eth0 .venv/bin/python -m flows.sft \\
+OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0 .venv/bin/python -m flows.sft \\
   --algo grpo
 git checkout <ref of a> && .venv/bin/dvc checkout models/sft
 steprl-train --fast

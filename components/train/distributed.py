@@ -6,8 +6,6 @@ What it does:
   Under the ``deepspeed``/``torchrun`` launcher it uses the launcher's variables untouched.
 - Under steprl's own launcher (:mod:`components.train.launch`: several processes on this machine)
   ``STORE_FILE_VAR`` names a file: the ranks meet on a ``FileStore`` there instead of a TCP store.
-  On several machines (:mod:`components.train.nodes`) ``TCP_STORE_VAR`` names node 0's store
-  (``host:port``, which node 0's launcher binds to that address only): every rank is its client.
 - Without CUDA it selects DeepSpeed's CPU accelerator (``DS_ACCELERATOR=cpu``) and the gloo backend;
   with CUDA, NCCL and the GPU ``LOCAL_RANK``.
 - It is idempotent: a second call (or a call after someone else initialised torch.distributed)
@@ -24,8 +22,7 @@ Departures from a plain ``deepspeed.init_distributed()``:
    rendezvous would start a TCPStore listening on every interface, ``*:MASTER_PORT``), and gloo's own
    device binds the loopback interface (``GLOO_SOCKET_IFNAME=lo`` unless set). A world started by
    the ``deepspeed``/``torchrun`` launcher uses its rendezvous as before: it binds what the user
-   configures. steprl's own several-machine world meets on node 0's store, bound to the address
-   the user gives (components.train.nodes); gloo then binds ``lo`` when that address is loopback.
+   configures (several machines: torchrun's, components.train.torchrun).
 3. DeepSpeed caches a clone of the world's group (``deepspeed.utils.groups._WORLD_GROUP``) the first
    time an engine is built and never checks it again. When that world is destroyed (our launcher's
    teardown, or an in-process vLLM engine's ``close``) and another one made, the clone names a group
@@ -36,23 +33,17 @@ Departures from a plain ``deepspeed.init_distributed()``:
 from __future__ import annotations
 
 import importlib
-import ipaddress
 import os
 import socket
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 
 from components.device import stage_device
 from components.dist_env import LAUNCHER_VARS as _LAUNCHER_VARS
-from components.dist_env import STORE_FILE_VAR, TCP_STORE_VAR
+from components.dist_env import STORE_FILE_VAR
 
-__all__ = ["STORE_FILE_VAR", "TCP_STORE_VAR", "DistInfo", "dp_rank_world", "free_port", "init_distributed"]
-
-
-# How long a rank waits for node 0's store and for the other ranks to join it.
-TCP_STORE_TIMEOUT_S = 600.0
+__all__ = ["STORE_FILE_VAR", "DistInfo", "dp_rank_world", "free_port", "init_distributed"]
 
 
 @dataclass(frozen=True)
@@ -158,7 +149,7 @@ def init_distributed() -> DistInfo:
     if not on_cpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     world = int(os.environ["WORLD_SIZE"])
-    if world == 1 or os.environ.get(STORE_FILE_VAR) or os.environ.get(TCP_STORE_VAR):
+    if world == 1 or os.environ.get(STORE_FILE_VAR):
         _init_local_world(backend, world)  # DeepSpeed then wraps this group instead of making its own
     _forget_groups_of_a_past_world()
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
@@ -179,28 +170,13 @@ def _forget_groups_of_a_past_world() -> None:
 
 def _init_local_world(backend: str, world: int) -> None:
     """A process group on steprl's own store: in-process for a world of one, the launcher's
-    ``FileStore`` for several processes of this machine (neither opens a socket), or node 0's
-    ``TCPStore`` for several machines; gloo's pairs on the loopback interface unless the world spans
-    machines that meet on a non-loopback address (then gloo's ``GLOO_SOCKET_IFNAME``, or its default)."""
-    tcp = os.environ.get(TCP_STORE_VAR)
-    host, _, port = (tcp or "").rpartition(":")
-    loopback = not tcp or _is_loopback(host)
-    if backend == "gloo" and loopback and os.path.isdir("/sys/class/net/lo"):
+    ``FileStore`` for several processes of this machine (neither opens a socket); gloo's pairs on
+    the loopback interface."""
+    if backend == "gloo" and os.path.isdir("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if world == 1:
         store = torch.distributed.HashStore()
-    elif tcp:
-        store = torch.distributed.TCPStore(
-            host, int(port), None, False, timedelta(seconds=TCP_STORE_TIMEOUT_S)
-        )
     else:
         store = torch.distributed.FileStore(os.environ[STORE_FILE_VAR], world)
     rank = int(os.environ["RANK"])
     torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

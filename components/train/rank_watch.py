@@ -18,11 +18,9 @@ stops the others, SIGTERM then SIGKILL, and says how the rank ended). Then, in t
 
 So a rank's death ends the stage within ``STOP_GRACE_S`` (+ about 2 s for the join's SIGTERM /
 SIGKILL of the other ranks) whatever rank 0 was doing, and the stage's exception is
-:class:`RankFailed` naming the rank (raised from what rank 0 was interrupted with). ``remote``
-(polled every ``poll_s``) reports the ranks of other machines (components.train.nodes). A rank
+:class:`RankFailed` naming the rank (raised from what rank 0 was interrupted with). A rank
 that ends with code 0 before the world does is not a failure (the SFT followers finish their last
-step and exit). An error of the watch itself (the join, the remote nodes' store) stops the stage
-the same way, with that error instead of :class:`RankFailed`: a watch that cannot watch must not
+step and exit). An error of the watch itself (its join) stops the stage the same way, with that error instead of :class:`RankFailed`: a watch that cannot watch must not
 let rank 0 take the ranks for finished.
 
 Rank 0 leaving on an error of its own (:meth:`RankWatch.settle`) first gives the watch a moment to
@@ -36,7 +34,6 @@ import ctypes
 import logging
 import os
 import threading
-from typing import Protocol
 
 from torch.multiprocessing import ProcessContext, ProcessExitedException, ProcessRaisedException
 
@@ -49,8 +46,8 @@ log = logging.getLogger(__name__)
 # Seconds rank 0 has to unwind after a rank's failure before it is stopped by force.
 STOP_GRACE_S = 20.0
 # Seconds rank 0, leaving on an error of its own, gives the watch to find a rank failure behind it
-# (the wait ends as soon as the watch has): ranks of this machine, ranks of other machines.
-SETTLE_S, SETTLE_REMOTE_S = 2.0, 5.0
+# (the wait ends as soon as the watch has).
+SETTLE_S = 2.0
 
 
 class RankFailed(RuntimeError):
@@ -84,14 +81,6 @@ def how_it_ended(err: ProcessExitedException | ProcessRaisedException) -> str:
     return f"raised {lines[-1][:300] if lines else 'an exception'}"
 
 
-class RemoteRanks(Protocol):
-    """The ranks of other machines, as rank 0 sees them (components.train.nodes)."""
-
-    def failure(self) -> RankFailed | None: ...
-
-    def done(self) -> bool: ...
-
-
 class RankWatch:
     """Joins the spawned ranks of ``ctx`` (ranks ``first_rank``, ``first_rank + 1``, ...) from a
     thread; on a failure stops the thread that made the watch (rank 0's), as the module says."""
@@ -104,11 +93,10 @@ class RankWatch:
         world_size: int,
         grace_s: float | None = None,
         poll_s: float = 0.2,
-        remote: RemoteRanks | None = None,
     ) -> None:
         self._ctx, self._first, self._world = ctx, first_rank, world_size
         self._grace_s = STOP_GRACE_S if grace_s is None else grace_s
-        self._poll_s, self._remote = poll_s, remote
+        self._poll_s = poll_s
         self._owner = threading.get_ident()
         self._lock = threading.Lock()
         self._closing = False
@@ -131,21 +119,12 @@ class RankWatch:
 
     def _watch(self) -> None:
         """Until every rank ended well (returns) or one failed (:meth:`_fail`, then returns)."""
-        local_done = False
         while not self._closing:
-            if local_done:  # every local rank ended well: remote ranks are still watched
-                self._left.wait(self._poll_s)
-            else:
-                try:
-                    local_done = self._ctx.join(timeout=self._poll_s, grace_period=1.0)
-                except (ProcessExitedException, ProcessRaisedException) as err:
-                    self._fail(self._describe(err))
+            try:
+                if self._ctx.join(timeout=self._poll_s, grace_period=1.0):
                     return
-            failed = self._remote.failure() if self._remote is not None else None
-            if failed is not None:
-                self._fail(failed)
-                return
-            if local_done and (self._remote is None or self._remote.done()):
+            except (ProcessExitedException, ProcessRaisedException) as err:
+                self._fail(self._describe(err))
                 return
 
     def _describe(self, err: ProcessExitedException | ProcessRaisedException) -> RankFailed:
@@ -190,13 +169,12 @@ class RankWatch:
         """Rank 0 is leaving on ``err``: from now on a failure is recorded, not raised into this
         thread. A collective fails on rank 0 as soon as its peer's socket closes, maybe before the
         watch has seen the process end: unless ``err`` is Ctrl-C or a failure is known already, the
-        watch is given up to :data:`SETTLE_S` (:data:`SETTLE_REMOTE_S` when ranks on other
-        machines report through the store) to find one; the wait ends as soon as it does (or the
+        watch is given up to :data:`SETTLE_S` to find one; the wait ends as soon as it does (or the
         watch ends)."""
         with self._lock:
             self._unwinding = True
         if self.failure is None and not isinstance(err, KeyboardInterrupt):
-            self._verdict.wait(SETTLE_S if self._remote is None else SETTLE_REMOTE_S)
+            self._verdict.wait(SETTLE_S)
 
     def close(self) -> None:
         """Rank 0 leaves the world (normally or not): stop watching, stop the ranks still running

@@ -14,6 +14,9 @@ rollout, outputs), every other rank runs the stage's worker and returns when the
   summary (the stage's params, its inputs' and code's digests) compared with rank 0's before
   training, which torchrun does not do; a rank that differs stops every rank, naming the keys.
 - :func:`as_rank_0` / :func:`run_rank`: rank 0's side and another rank's side of such a stage.
+
+Several machines go through torchrun only (``--nnodes``, its c10d rendezvous); steprl's own launcher
+(components.train.launch) places ranks on this machine.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ from typing import Any
 import torch.distributed as dist
 
 from components.dist_env import TORCHRUN_VAR
-from components.train.nodes import NodeError, differences
 
-__all__ = ["Torchrun", "agree", "as_rank_0", "disagreements", "run_rank"]
+__all__ = ["NodeError", "Torchrun", "agree", "as_rank_0", "differences", "disagreements", "run_rank"]
+
+
+class NodeError(RuntimeError):
+    """torchrun's world does not fit the params, or its ranks do not agree; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,22 @@ class Torchrun:
                 "(--nnodes x --nproc-per-node); the params fix how batches are split, the launcher only "
                 "places the ranks"
             )
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def differences(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
+    """The flattened keys whose values differ between two summaries (missing on one side included)."""
+    a, b = _flat(mine), _flat(theirs)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, "<missing>") != b.get(k, "<missing>"))
 
 
 def agree(run: Torchrun, summary: Mapping[str, Any]) -> None:

@@ -4,8 +4,8 @@ with a stand-in for the spawned ranks' ProcessContext, so that the order of even
 - rank 0's collective fails first (the peer's socket closed) and the watch sees the rank's death
   while rank 0 is leaving: the stage ends with RankFailed naming the rank, raised from the
   collective's error, as soon as the watch has seen it (not after the whole wait);
-- the watch itself fails (the join, the remote nodes' store): the stage ends with that error
-  instead of taking the ranks for finished.
+- the watch itself fails (its join): the stage ends with that error instead of taking the ranks
+  for finished.
 
 The same with real processes and signals: tests/train/test_rank_faults.py.
 """
@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from torch.multiprocessing import ProcessContext, ProcessExitedException
+from torch.multiprocessing import ProcessExitedException
 
 from components.train import launch, rank_watch
 from components.train.rank_watch import RankFailed, RankWatch, WorldStopped
@@ -96,40 +96,13 @@ def test_an_error_of_the_watch_stops_the_stage_with_that_error(ranks, caplog) ->
     assert "the rank watch failed (OSError: the join broke): stopping the stage" in caplog.text
 
 
-class BrokenStore:
-    """Remote ranks whose store fails (components.train.nodes.RemoteNodes.failure raising)."""
-
-    def __init__(self) -> None:
-        self.go = threading.Event()
-
-    def failure(self) -> RankFailed | None:
-        self.go.wait()
-        raise ConnectionError("node 0's store stopped answering")
-
-    def done(self) -> bool:
-        return False
-
-
-def test_an_error_of_the_remote_nodes_check_stops_rank_0() -> None:
-    remote = BrokenStore()
-    watch = RankWatch(ProcessContext([], []), first_rank=1, world_size=2, remote=remote)
-    try:
-        with pytest.raises(WorldStopped):
-            remote.go.set()
-            _busy_until(threading.Event())
-    finally:
-        watch.close()
-    assert isinstance(watch.failure, ConnectionError)
-
-
-def test_wait_for_ranks_raises_the_watchs_error_instead_of_returning(monkeypatch) -> None:
-    monkeypatch.setattr(rank_watch, "SETTLE_REMOTE_S", 0.0, raising=False)
-    remote = BrokenStore()
-    watch = RankWatch(ProcessContext([], []), first_rank=1, world_size=2, remote=remote)
+def test_wait_for_ranks_raises_the_watchs_error_instead_of_returning() -> None:
+    spawned = Ranks(OSError("the join broke"))
+    watch = RankWatch(spawned, first_rank=1, world_size=2)
     watch.settle(RuntimeError("rank 0 is leaving"))  # from now on nothing is raised into this thread
     try:
-        remote.go.set()
-        with pytest.raises(ConnectionError, match="store stopped answering"):
+        spawned.end.set()
+        with pytest.raises(OSError, match="the join broke"):
             watch.wait_for_ranks()
     finally:
         watch.close()

@@ -33,8 +33,7 @@ from train_helpers import RL_ENGINE_KW, assert_weights_match
 from components.dist_env import WORLD_VARS
 from components.train.distributed import free_port
 from components.train.launch import run_local
-from components.train.nodes import NodeError
-from components.train.torchrun import Torchrun, disagreements
+from components.train.torchrun import NodeError, Torchrun, differences, disagreements
 
 SCRIPT = Path(__file__).with_name("torchrun_world.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -150,6 +149,11 @@ def test_ranks_with_other_settings_are_named_with_the_keys() -> None:
         "rank 3 runs with other settings or inputs than rank 0: code differ",
     ]
     assert disagreements([rank0, rank0]) == [] and disagreements([rank0]) == []
+
+
+def test_differences_flatten_nested_keys() -> None:
+    assert differences({"p": {"a": 1, "b": 2}, "c": 1}, {"p": {"a": 1, "b": 3}, "d": 1}) == ["c", "d", "p.b"]
+    assert differences({"x": [1, 2]}, {"x": [1, 2]}) == []
 
 
 def test_torchrun_s_world_must_be_the_params_world() -> None:

@@ -3,11 +3,11 @@
 ``torchrun ... torchrun_world.py WHAT OUT [SUMMARY_JSON]``: rank 0 enters
 components.train.launch.local_world (under torchrun it spawns nothing: components.train.torchrun
 .as_rank_0), every other rank runs components.train.torchrun.run_rank, as the sft and train stages
-do. WHAT is tests/train/two_node_world.py's: ``sft``, one SFT step of the tiny model (rank 0 saves the
-weights to OUT; every rank writes the addresses it listens on to ``listening-<rank>.json`` in its
-working directory), or ``wait``: every rank prints ``READY <rank> <pid>`` and rank 1 waits in a
-broadcast while rank 0 runs Python code, until something is killed. SUMMARY_JSON is what this
-process posts for the settings check (several agents only); ``-`` posts nothing.
+do. WHAT is ``sft``, one SFT step of the tiny model (tests/train/test_data_parallel.py's ``_step``:
+every rank the same batch, each its share of the micro-batches; rank 0 saves the weights to OUT),
+or ``wait``: every rank prints ``READY <rank> <pid>`` and rank 1 waits in a broadcast while rank 0
+runs Python code, until something is killed. SUMMARY_JSON is what this process posts for the
+settings check (several agents only); ``-`` posts nothing.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))  # train_helpers, test_data_parallel, two_node_world
+sys.path.insert(0, str(Path(__file__).parent))  # train_helpers, test_data_parallel
 
 
 def _rank(rank: int, what: str, out: str) -> None:
-    if what != "wait":
-        from two_node_world import _rank as step
-
-        step(rank, what, out)
-        return
     import torch.distributed as dist
 
+    if what == "sft":
+        from test_data_parallel import _step
+
+        _step(rank, "sft", out, drop_rank=-1)
+        return
     from components.train.distributed import init_distributed
 
     init_distributed()
