@@ -16,7 +16,8 @@ scipy).
 The compare MLflow run also holds every estimate of the report as metrics (``compare/<model>/<protocol>/
 accuracy`` and ``loop_rate``, with their intervals; :func:`interval_metrics`).
 
-reports/compare.png: (a) validation accuracy against RL iteration, per algorithm the mean over seeds
+reports/compare.png: (a) validation accuracy against RL iteration under the headline protocol where
+validation sampled it (else greedy; :func:`val_column`), per algorithm the mean over seeds
 with a min..max band, and the SFT model at iteration -1 (the same val rows, before any update);
 (b) training reward (critic/score/mean) against iteration, mean and min..max band.
 Both are logged to MLflow (run `compare`).
@@ -25,6 +26,7 @@ Both are logged to MLflow (run `compare`).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from itertools import combinations
 from pathlib import Path
 
@@ -522,15 +524,27 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def val_column(params: Params, curves: Mapping[str, pl.DataFrame]) -> tuple[str, str]:
+    """The validation curve to draw: the headline protocol's (``val_t0.4_accuracy``) where every run
+    has it, else greedy's (``val_accuracy``: runs from before the column, or a headline that
+    validation does not sample); and its label."""
+    head = params.compare.headline
+    column = f"val_{head}_accuracy"
+    if head != "greedy" and curves and all(column in df.columns for df in curves.values()):
+        return column, protocol_label(head, 1)  # validation samples one episode per row
+    return "val_accuracy", "greedy"
+
+
 @task
 def chart(params: Params) -> str:
     c = params.compare
     val, score = {}, {}
     initial = []
-    for a in c.algorithms:
-        curves = {name: _curve(name) for name in (c.run_name(a, s) for s in c.seeds)}
+    runs = {a: {name: _curve(name) for name in (c.run_name(a, s) for s in c.seeds)} for a in c.algorithms}
+    column, label = val_column(params, {n: df for curves in runs.values() for n, df in curves.items()})
+    for a, curves in runs.items():
         try:
-            v = curve_band(curves, "iteration", "val_accuracy")
+            v = curve_band(curves, "iteration", column)
             r = curve_band(curves, "iteration", "score_mean")
         except ValueError as err:
             raise StageError(f"compare: plots/train_<run>.csv: {err}") from None
@@ -539,11 +553,11 @@ def chart(params: Params) -> str:
             r["iteration"].to_list(), r["mean"].to_list(), r["low"].to_list(), r["high"].to_list()
         )
         for df in curves.values():  # iteration -1: the SFT policy on the val rows, before any update
-            initial += df.filter(pl.col("iteration") == -1)["val_accuracy"].drop_nulls().to_list()
+            initial += df.filter(pl.col("iteration") == -1)[column].drop_nulls().to_list()
     points = {"SFT (val, iteration -1)": (-1.0, sum(initial) / len(initial))} if initial else {}
     seeds = ", ".join(map(str, c.seeds))
     panels = [
-        Panel("(a) validation accuracy (greedy)", "RL iteration", "accuracy", val, points),
+        Panel(f"(a) validation accuracy ({label})", "RL iteration", "accuracy", val, points),
         Panel("(b) training reward (critic/score/mean)", "RL iteration", "mean score", score),
     ]
     return str(

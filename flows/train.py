@@ -546,7 +546,8 @@ def _save_final(session: Session, params: Params, algo: str, name: str, history:
 
 
 # Columns of plots/train_<run>.csv: the curves compare.py draws and the per-iteration series it reads
-# a run's collapse signs and critic from (empty where an iteration has no value).
+# a run's collapse signs and critic from (empty where an iteration has no value); after them one
+# val_<protocol>_accuracy column per sampled validation protocol (train.val_temperatures: val_t0.4_accuracy).
 CURVE_COLUMNS = {
     "val_accuracy": "val/accuracy",
     "score_mean": "critic/score/mean",
@@ -559,13 +560,14 @@ CURVE_COLUMNS = {
 }
 
 
-def curve_csv(rows: list[dict]) -> str:
+def curve_csv(rows: list[dict], val_temperatures: list[float] = ()) -> str:
     """plots/train_<run>.csv: one line per iteration (-1: the SFT policy's validation)."""
-    lines = ["iteration," + ",".join(CURVE_COLUMNS)]
+    columns = CURVE_COLUMNS | {
+        f"val_{protocol_name(t)}_accuracy": f"val/{protocol_name(t)}/accuracy" for t in val_temperatures
+    }
+    lines = ["iteration," + ",".join(columns)]
     for h in rows:
-        lines.append(
-            ",".join([str(h["iteration"]), *(str(h.get(key, "")) for key in CURVE_COLUMNS.values())])
-        )
+        lines.append(",".join([str(h["iteration"]), *(str(h.get(key, "")) for key in columns.values())]))
     return "\n".join(lines) + "\n"
 
 
@@ -591,7 +593,8 @@ def _finish(params: Params, algo: str, name: str, history: list[dict], parts: di
     }
     write_json(summary, REPO / "metrics" / f"train_{name}.json")
     write_text(
-        curve_csv([h for h in val if h["iteration"] < 0] + history), REPO / "plots" / f"train_{name}.csv"
+        curve_csv([h for h in val if h["iteration"] < 0] + history, params.train.val_temperatures),
+        REPO / "plots" / f"train_{name}.csv",
     )
     line_chart(
         {

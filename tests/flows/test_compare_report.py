@@ -169,6 +169,22 @@ def test_chart_has_two_panels(workspace):
     assert (root / "reports" / "compare.png").stat().st_size > 1000 and png.endswith("compare.png")
 
 
+def test_the_chart_draws_the_headline_protocol_s_validation_where_every_run_has_it(workspace):
+    root, params = workspace
+    assert params.compare.headline == "t0.4"
+    curves = {p.stem: pl.read_csv(p) for p in (root / "plots").glob("train_*.csv")}
+    assert compare.val_column(params, curves) == ("val_accuracy", "greedy")  # runs from before the column
+    curves = {n: df.with_columns(pl.lit(0.7).alias("val_t0.4_accuracy")) for n, df in curves.items()}
+    assert compare.val_column(params, curves) == ("val_t0.4_accuracy", "sampled at T=0.4, 1 per problem")
+    curves["train_ppo-s1"] = curves["train_ppo-s1"].drop("val_t0.4_accuracy")  # one run without it
+    assert compare.val_column(params, curves)[0] == "val_accuracy"
+    greedy = params.model_copy(update={"compare": params.compare.model_copy(update={"headline": "greedy"})})
+    assert compare.val_column(greedy, {"a": curves["train_grpo-s0"]})[0] == "val_accuracy"
+    for path in (root / "plots").glob("train_*.csv"):  # the chart reads the column from the files
+        pl.read_csv(path).with_columns(pl.col("val_accuracy").alias("val_t0.4_accuracy")).write_csv(path)
+    assert compare.chart.fn(params).endswith("compare.png")
+
+
 def test_mismatched_problems_name_the_file(workspace):
     root, params = workspace
     path = root / "metrics" / "problems_ppo-s1.parquet"

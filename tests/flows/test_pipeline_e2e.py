@@ -58,6 +58,8 @@ def test_every_stage_produces_its_outputs(repro):
         assert curve["iteration"].to_list() == [-1, 0, 1]  # -1: the SFT policy on val, before any update
         initial = json.loads((ws / "runs" / name / "val_initial.json").read_text())["val/accuracy"]
         assert curve["val_accuracy"][0] == initial and curve["score_mean"][0] is None
+        sampled = json.loads((ws / "runs" / name / "val_initial.json").read_text())["val/t0.4/accuracy"]
+        assert curve["val_t0.4_accuracy"][0] == sampled  # train.val_temperatures' protocol, for the chart
         assert json.loads((ws / "runs" / name / "fingerprint.json").read_text())["depends_on"]["seed"] == int(
             seed
         )
