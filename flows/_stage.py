@@ -106,6 +106,7 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
     args = vars(parser.parse_args())
     try:
         t0 = time.perf_counter()
+        pick_temporary_server_port()  # before the seeding below
         make_stage_deterministic(args["params"])
         run(**args)
         write_stage_timing(stage_name(run, args, extra_args), process_start, time.perf_counter() - t0)
@@ -120,6 +121,29 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
         what = (str(err).splitlines() or ["CUDA out of memory"])[0][:160]
         print(f"error: out of GPU memory ({what}): {OOM_HINT}", file=sys.stderr)
         sys.exit(2)
+
+
+def pick_temporary_server_port() -> int | None:
+    """The port of this stage's temporary Prefect server (a stage run without a Prefect API, as by
+    plain ``dvc repro``), chosen by the OS now. Prefect would draw it later with Python's global
+    ``random``, which :func:`make_stage_deterministic` seeds: two stages of one seed running at once
+    then drew the same port, the second found the first's server answering there, took it for its
+    own, and failed when the first stage ended and stopped it ("Connection refused"). None (nothing
+    done) when a Prefect API is configured."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    import socket
+
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the instance Prefect's clients start (one per process)
+    if server.port is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            server.port = sock.getsockname()[1]
+    return server.port
 
 
 def read_params(path: str) -> Params:
