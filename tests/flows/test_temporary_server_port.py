@@ -31,8 +31,12 @@ def test_stages_of_one_seed_get_their_own_temporary_server_port(tmp_path) -> Non
     assert ports[0] != ports[1] and all(1024 < p < 65536 for p in ports), ports
 
 
-def test_a_configured_prefect_api_needs_no_temporary_port(monkeypatch) -> None:
+def test_a_configured_prefect_api_needs_no_temporary_port() -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from flows._stage import pick_temporary_server_port
 
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
-    assert pick_temporary_server_port() is None
+    # Prefect's own override: an environment variable set here would not reach settings that an
+    # earlier test's flow already fixed in this process
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        assert pick_temporary_server_port() is None
