@@ -20,6 +20,7 @@ from components.config import ConfigError, Params, load_params
 from components.determinism import DeterminismSettings, make_deterministic
 from components.io import write_json
 from components.precision import resolve_rollout_dtype, resolve_train_dtype
+from components.train.distributed import free_port
 from components.train.rank_watch import RankFailed
 from components.train.torchrun import NodeError
 from flows import REPO
@@ -134,15 +135,11 @@ def pick_temporary_server_port() -> int | None:
 
     if PREFECT_API_URL.value():
         return None
-    import socket
-
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()  # the instance Prefect's clients start (one per process)
     if server.port is None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            server.port = sock.getsockname()[1]
+        server.port = free_port()
     return server.port
 
 

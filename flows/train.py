@@ -26,6 +26,7 @@ import random
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import polars as pl
@@ -560,7 +561,7 @@ CURVE_COLUMNS = {
 }
 
 
-def curve_csv(rows: list[dict], val_temperatures: list[float] = ()) -> str:
+def curve_csv(rows: list[dict], val_temperatures: Sequence[float] = ()) -> str:
     """plots/train_<run>.csv: one line per iteration (-1: the SFT policy's validation)."""
     columns = CURVE_COLUMNS | {
         f"val_{protocol_name(t)}_accuracy": f"val/{protocol_name(t)}/accuracy" for t in val_temperatures

@@ -96,6 +96,13 @@ def _set_env(values: Mapping[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _file_store() -> Iterator[dict[str, str]]:
+    """The variables that send a world's ranks to a FileStore in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="steprl-world-") as tmp:
+        yield {STORE_FILE_VAR: os.path.join(tmp, "store")}
+
+
+@contextlib.contextmanager
 def local_world(
     world_size: int, fn: Callable[..., Any], args: tuple = (), *, summary: Mapping[str, Any] | None = None
 ) -> Iterator[None]:
@@ -115,30 +122,28 @@ def local_world(
     if world_size == 1:
         yield
         return
-    with tempfile.TemporaryDirectory(prefix="steprl-world-") as tmp:
-        store = {STORE_FILE_VAR: os.path.join(tmp, "store")}
-        with _set_env(_rank_env(0, world_size, store)):
-            ctx = _spawn(world_size - 1, 1, world_size, store, fn, args)
-            watch = RankWatch(ctx, first_rank=1, world_size=world_size)
+    with _file_store() as store, _set_env(_rank_env(0, world_size, store)):
+        ctx = _spawn(world_size - 1, 1, world_size, store, fn, args)
+        watch = RankWatch(ctx, first_rank=1, world_size=world_size)
+        try:
             try:
-                try:
-                    yield
-                    watch.wait_for_ranks()
-                except BaseException as err:
-                    watch.settle(err)
-                    raise
-                finally:
-                    watch.close()
+                yield
+                watch.wait_for_ranks()
             except BaseException as err:
-                # The watch raises at most one WorldStopped into this thread, and not after close():
-                # if it landed in the block above (cutting close() short), it is here now.
-                watch.close()
-                if watch.failure is not None and err is not watch.failure:
-                    raise watch.failure from err
+                watch.settle(err)
                 raise
             finally:
-                if dist.is_initialized():  # this world is over: a later world (or vLLM) starts afresh
-                    dist.destroy_process_group()
+                watch.close()
+        except BaseException as err:
+            # The watch raises at most one WorldStopped into this thread, and not after close():
+            # if it landed in the block above (cutting close() short), it is here now.
+            watch.close()
+            if watch.failure is not None and err is not watch.failure:
+                raise watch.failure from err
+            raise
+        finally:
+            if dist.is_initialized():  # this world is over: a later world (or vLLM) starts afresh
+                dist.destroy_process_group()
 
 
 def share_threads(world_size: int) -> int:
@@ -158,8 +163,7 @@ def share_threads(world_size: int) -> int:
 def run_local(world_size: int, fn: Callable[..., Any], args: tuple = ()) -> None:
     """Run ``fn(rank, *args)`` in ``world_size`` spawned processes (ranks 0..N-1); raise if one fails."""
     _check(world_size)
-    with tempfile.TemporaryDirectory(prefix="steprl-world-") as tmp:
-        store = {STORE_FILE_VAR: os.path.join(tmp, "store")}
+    with _file_store() as store:
         mp.start_processes(
             _entry,
             args=(0, world_size, store, os.getpid(), fn, args),

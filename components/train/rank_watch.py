@@ -20,8 +20,9 @@ So a rank's death ends the stage within ``STOP_GRACE_S`` (+ about 2 s for the jo
 SIGKILL of the other ranks) whatever rank 0 was doing, and the stage's exception is
 :class:`RankFailed` naming the rank (raised from what rank 0 was interrupted with). A rank
 that ends with code 0 before the world does is not a failure (the SFT followers finish their last
-step and exit). An error of the watch itself (its join) stops the stage the same way, with that error instead of :class:`RankFailed`: a watch that cannot watch must not
-let rank 0 take the ranks for finished.
+step and exit). An error of the watch itself (its join) stops the stage the same way, with that
+error instead of :class:`RankFailed`: a watch that cannot watch must not let rank 0 take the ranks
+for finished.
 
 Rank 0 leaving on an error of its own (:meth:`RankWatch.settle`) first gives the watch a moment to
 see a rank failure behind it (a collective fails on rank 0 as soon as its peer's socket closes),
