@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "components.determinism",
             "components.gpu_memory",
             "components.dist_env",
+            "components.environ",
             "components.ports",
             "components.process_tree",
             "components.sandbox",

@@ -34,14 +34,14 @@ Departure from vLLM's defaults:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import torch
 
 from components.dist_env import WORLD_VARS as _WORLD_VARS
+from components.environ import patched_environ
 from components.precision import resolve_rollout_dtype
 from components.rollout.base import EngineSettings, Generation, SamplingConfig
 
@@ -51,27 +51,16 @@ def _set_cpu_defaults(kv_cache_gib: float) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-@contextlib.contextmanager
-def _engine_env(own_process: bool) -> Iterator[None]:
+def _engine_env(own_process: bool) -> Mapping[str, str | None]:
     """The environment vLLM reads while it starts: in-process, or a spawned engine process that does
     not see this process's torch.distributed world (neither its group nor its launcher variables)."""
-    vllm_vars = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD")
-    saved = {k: os.environ.get(k) for k in (*_WORLD_VARS, *vllm_vars)}
-    if own_process:
-        for k in _WORLD_VARS:
-            os.environ.pop(k, None)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # a fork would inherit the group
-    else:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    if not own_process:
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return {
+        **dict.fromkeys(_WORLD_VARS),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",  # a fork would inherit the group
+    }
 
 
 class VLLMEngine:
@@ -112,7 +101,7 @@ class VLLMEngine:
             kind = "DiesWithParentUniProc" if torch.cuda.is_available() else "DiesWithParentMultiproc"
             gpu_kw["distributed_executor_backend"] = f"components.rollout.vllm_executor.{kind}"
         self.own_process = own_process
-        with _engine_env(own_process):
+        with patched_environ(_engine_env(own_process)):
             import vllm.envs
 
             if own_process and not vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:

@@ -40,6 +40,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessContext
 
 from components.dist_env import STORE_FILE_VAR
+from components.environ import patched_environ
 from components.process_tree import die_with_parent
 from components.train.rank_watch import RankWatch
 from components.train.torchrun import Torchrun, as_rank_0
@@ -82,20 +83,6 @@ def _check(world_size: int) -> None:
 
 
 @contextlib.contextmanager
-def _set_env(values: Mapping[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
 def _file_store() -> Iterator[dict[str, str]]:
     """The variables that send a world's ranks to a FileStore in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="steprl-world-") as tmp:
@@ -122,7 +109,7 @@ def local_world(
     if world_size == 1:
         yield
         return
-    with _file_store() as store, _set_env(_rank_env(0, world_size, store)):
+    with _file_store() as store, patched_environ(_rank_env(0, world_size, store)):
         ctx = _spawn(world_size - 1, 1, world_size, store, fn, args)
         watch = RankWatch(ctx, first_rank=1, world_size=world_size)
         try:
