@@ -8,7 +8,8 @@ also carries the program that solves it (printing exactly the answer) and a firs
 mistake (``prnt``, or a missing ``import math``) for the weaker demonstrations.
 
 :func:`generate_splits` draws problems from one ``random.Random(seed)`` stream, each generator picked
-by the params' mix weights, and keeps a question only once across the three splits.
+by the params' mix weights, keeps a question only once across the three splits, and shuffles the
+problems before cutting the splits, so each split has the same share of each generator.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _gcd(rng: random.Random, n: int) -> Problem:
 
 
 def _lcm(rng: random.Random, n: int) -> Problem:
-    a, b = rng.randint(2, max(3, n // 4)), rng.randint(2, max(3, n // 4))
+    a, b = rng.randint(2, max(3, n // 2)), rng.randint(2, max(3, n // 2))
     return _problem(
         "lcm",
         f"What is the least common multiple of {a} and {b}?",
@@ -241,6 +242,9 @@ def generate_splits(
         if p.question not in seen:
             seen.add(p.question)
             problems.append(p)
+    # A generator with few distinct questions runs out early in the stream; shuffled, every split
+    # gets the same share of each generator (drawn in order, the test split got almost none of them).
+    rng.shuffle(problems)
     out, start = {}, 0
     for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
         chunk = problems[start : start + n]
