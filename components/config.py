@@ -249,6 +249,11 @@ class EvaluateParams(Section):
     # The sampled protocols: one per temperature (verl-agent validates at 0.4, RAGEN at 0.5, BALROG at
     # 1.0; docs/evaluation.md). Each is named t<T> (t0.4, t1) in the eval files and MLflow.
     temperatures: list[float] = [0.4, 1.0]
+    # Greedy and sampled episodes alike: a reply that already changed nothing from the same state in
+    # the episode is resampled at noop_escape_temperature, up to this many tries (0 = never; tasks
+    # with state keys only: sokoban, babyai). An inference-time rule, not training (docs/evaluation.md).
+    noop_escape_tries: int = Field(0, ge=0, le=16)
+    noop_escape_temperature: float = Field(1.0, gt=0, le=2)
 
     _temperatures_ok = field_validator("temperatures")(_temperatures_valid)
 

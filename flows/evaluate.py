@@ -28,7 +28,7 @@ import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from components.agent.loop import Episode, episode_metrics, run_episodes, sampled_metrics
+from components.agent.loop import Episode, NoopEscape, episode_metrics, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
 from components.config import Params, protocol_label, protocol_name
 from components.envs import get_task
@@ -81,6 +81,8 @@ def play(
         with timed("engine_start"):
             engine, renderer = open_engine(params, model_dir(model))
 
+    escape = NoopEscape(ev.noop_escape_tries, ev.noop_escape_temperature) if ev.noop_escape_tries else None
+
     def run(temperature: float | None) -> list[dict]:
         # The greedy episode keeps the row id as its trajectory id, a sampled one adds #i (its sampling
         # seed depends on the trajectory id only: the same at every temperature)
@@ -99,6 +101,7 @@ def play(
             temperature=0.0 if temperature is None else temperature,
             seed=params.seed,
             desc=f"evaluate {model}{label}",
+            noop_escape=escape,
         )
 
     try:

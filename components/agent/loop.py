@@ -14,6 +14,13 @@ and ``process_reward``: the environment's score of the step's tool calls (``Agen
 asked once every episode has ended), None where it gives none (a step it does not score, a response
 cut before the environment saw it, a task without process rewards).
 
+With ``noop_escape`` (evaluation and serving, never training), a reply that already changed nothing
+from the same state earlier in the episode (compared without surrounding white space and case) is not
+played again: that episode's turn is resampled at ``noop_escape.temperature`` with another seed, up to
+``noop_escape.tries`` times, and the first reply not known to change nothing there is played (the last
+try if every one is). A greedy agent then cannot answer a wall with the same move turn after turn.
+Each record then holds ``escapes``, the resamples its step took. Only tasks with state keys.
+
 An episode ends when its environment says done, at ``max_steps`` turns (``truncated``), or when its
 context would exceed ``max_prompt_len`` (the last recorded step is marked ``truncated``). A response
 cut at ``max_response_len`` is model output like any other: the environment parses it (it is almost
@@ -30,7 +37,7 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -51,6 +58,19 @@ class Episode:
     steps: list[dict] = field(default_factory=list)
     done: bool = False
     env_steps: list[int] = field(default_factory=list)  # the records made by env.step, in order
+    noops: dict[str, set[str]] = field(default_factory=dict)  # state key -> replies that changed nothing
+
+
+@dataclass(frozen=True)
+class NoopEscape:
+    """A reply that changed nothing is not played again from the same state (module docstring)."""
+
+    tries: int = 4
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.tries < 1 or not self.temperature > 0:
+            raise ValueError(f"NoopEscape needs tries >= 1 and temperature > 0, got {self}")
 
 
 def episode_seed(seed: int, traj_id: str, turn: int) -> int:
@@ -71,10 +91,12 @@ def run_episodes(
     seed: int = 0,
     desc: str = "rollout",
     context_window: int | None = None,
+    noop_escape: NoopEscape | None = None,
 ) -> list[dict]:
     """Play every episode to its end; return the step records of all episodes, in episode order.
 
     ``context_window``: the number of past turns a prompt keeps after the first observation (None: all).
+    ``noop_escape``: resample a reply known to change nothing (module docstring); None: never.
     """
     if context_window is not None and context_window < 1:
         raise ValueError(f"context_window must be >= 1 or None, got {context_window}")
@@ -91,19 +113,25 @@ def run_episodes(
         active = [ep for ep in active if not ep.done]
         if not active:
             break
+        sampling = SamplingConfig(max_tokens=max_response_len, temperature=temperature, top_p=top_p)
         gens = engine.generate(
             [ep.context for ep in active],
-            SamplingConfig(
-                max_tokens=max_response_len,
-                temperature=temperature,
-                top_p=top_p,
-            ),
+            sampling,
             seeds=[episode_seed(seed, ep.traj_id, turn) for ep in active],
         )
         actions = [renderer.decode(gen.token_ids) for (gen,) in gens]
         keys = [_state_key(ep.env) for ep in active]  # the states the actions respond to
+        escapes = [0] * len(active)
+        if noop_escape is not None:
+            escapes = _escape_noops(
+                engine, renderer, active, gens, actions, keys, noop_escape, sampling, seed, turn
+            )
         outcomes = _step_envs([ep.env for ep in active], actions)
-        for ep, (gen,), action, key, out in zip(active, gens, actions, keys, outcomes):
+        if noop_escape is not None:
+            for ep, action, key in zip(active, actions, keys):
+                if key and _state_key(ep.env) == key:  # the reply changed nothing
+                    ep.noops.setdefault(key, set()).add(_reply(action))
+        for ep, (gen,), action, key, out, n in zip(active, gens, actions, keys, outcomes, escapes):
             _advance(
                 ep,
                 gen,
@@ -115,12 +143,56 @@ def run_episodes(
                 last_turn=turn == max_steps - 1,
                 window=context_window,
             )
+            if noop_escape is not None:
+                ep.steps[-1]["escapes"] = n
         bar.update(sum(ep.done for ep in active))
         bar.set_postfix(turn=turn + 1, active=sum(not ep.done for ep in episodes))
     bar.close()
     for ep in episodes:
         _add_process_rewards(ep)
+        if noop_escape is not None:
+            for s in ep.steps:
+                s.setdefault("escapes", 0)  # a record made without a generation (overlong first prompt)
     return [s for ep in episodes for s in ep.steps]
+
+
+def _reply(action: str) -> str:
+    return action.strip().casefold()
+
+
+def _escape_noops(
+    engine: RolloutEngine,
+    renderer: ChatRenderer,
+    active: list[Episode],
+    gens: list,
+    actions: list[str],
+    keys: list[str],
+    escape: NoopEscape,
+    sampling: SamplingConfig,
+    seed: int,
+    turn: int,
+) -> list[int]:
+    """Resample, in place in ``gens``/``actions``, every reply that already changed nothing from its
+    state; return the resamples each episode took."""
+    taken = [0] * len(active)
+
+    def known(i: int) -> bool:
+        return bool(keys[i]) and _reply(actions[i]) in active[i].noops.get(keys[i], ())
+
+    stuck = [i for i in range(len(active)) if known(i)]
+    hot = replace(sampling, temperature=escape.temperature)
+    for attempt in range(1, escape.tries + 1):
+        if not stuck:
+            break
+        redo = engine.generate(
+            [active[i].context for i in stuck],
+            hot,
+            seeds=[episode_seed(seed + attempt, active[i].traj_id, turn) for i in stuck],
+        )
+        for i, gen in zip(stuck, redo):
+            gens[i], actions[i], taken[i] = gen, renderer.decode(gen[0].token_ids), attempt
+        stuck = [i for i in stuck if known(i)]
+    return taken
 
 
 def _add_process_rewards(ep: Episode) -> None:
@@ -313,6 +385,8 @@ def episode_metrics(steps: list[dict]) -> dict[str, float]:
       without a single tool call in the whole episode. Truncated episodes never count.
     - ``valid_tool_call_rate``: valid calls / calls; ``format_error_rate``: per step;
       ``truncated_rate``: per episode.
+    - ``noop_escapes_per_step``: resamples of a reply known to change nothing, per step (only where
+      the records were played with a ``noop_escape``).
     """
     by_traj: dict[str, list[dict]] = {}
     for s in steps:
@@ -332,4 +406,8 @@ def episode_metrics(steps: list[dict]) -> dict[str, float]:
         "format_error_rate": sum(s["format_error"] for s in steps) / max(len(steps), 1),
         "truncated_rate": sum(any(s["truncated"] for s in t) for t in by_traj.values()) / n_traj,
         "n_episodes": float(len(by_traj)),
-    }
+    } | (
+        {"noop_escapes_per_step": sum(s["escapes"] for s in steps) / max(len(steps), 1)}
+        if steps and "escapes" in steps[0]
+        else {}
+    )

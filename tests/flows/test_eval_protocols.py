@@ -10,7 +10,7 @@ import pytest
 
 import flows.evaluate as evaluate
 import flows.train as train
-from components.agent.loop import run_episodes
+from components.agent.loop import NoopEscape, run_episodes
 from components.agent.render import ChatRenderer
 from components.config import parse_params
 from components.envs import get_task
@@ -129,3 +129,18 @@ def test_per_problem_loop_rates_of_each_protocol():
     assert problems["t1_loop_rate"].to_list() == [0.25, 0.0]  # (1/2 + 0) / 2, and 0
     with pytest.raises(ValueError, match="protocol t1: 1 problem"):
         problem_results(["a", "b"], greedy, protocols={"t1": hot[:4]})
+
+
+@pytest.mark.parametrize(
+    ("settings", "want"),
+    [({}, None), ({"noop_escape_tries": 3, "noop_escape_temperature": 0.8}, NoopEscape(3, 0.8))],
+)
+def test_the_noop_escape_reaches_every_protocol(engine, monkeypatch, settings, want):
+    eng, renderer = engine
+    seen = []
+    monkeypatch.setattr(evaluate, "run_episodes", lambda *a, **kw: seen.append(kw["noop_escape"]) or [])
+    params = parse_params(
+        {"task": "calc", "evaluate": {"samples": 1, "temperatures": [0.4, 1.0], **settings}}
+    )
+    evaluate.play.fn(params, "m", ROWS, eng, renderer)
+    assert seen == [want] * 3  # greedy, t0.4, t1
