@@ -433,9 +433,15 @@ def _intro(params: Params, est: dict) -> str:
     c, ev = params.compare, params.evaluate
     n_seeds = len(c.seeds)
     sampled = [p for p in ev.protocols if p != "greedy"]
+    escape = (
+        f", every protocol with the no-op escape ({ev.noop_escape_tries} tries at T={ev.noop_escape_temperature:g}: "
+        "a reply that already changed nothing from the same state is resampled, docs/evaluation.md)"
+        if ev.noop_escape_tries
+        else ""
+    )
     return (
         f"# {params.task}: RL algorithms against the SFT baseline\n\n"
-        f"**Headline protocol: {_label(params, c.headline)}.** Every protocol the evaluation ran is shown, "
+        f"**Headline protocol: {_label(params, c.headline)}{escape}.** Every protocol the evaluation ran is shown, "
         f"the headline first: greedy (one episode per problem at temperature 0)"
         + "".join(f"; {_label(params, p)}" for p in sampled)
         + " (docs/evaluation.md). "

@@ -350,3 +350,20 @@ def test_interval_metrics_name_model_protocol_and_interval():
         m["compare/grpo/greedy/accuracy_vs_sft_high"] == 0.3 and "compare/sft/greedy/accuracy_vs_sft" not in m
     )
     assert len(m) == 2 * 3 + 2 * 6  # sft: value and interval per protocol; grpo: and its difference
+
+
+def test_the_headline_names_the_noop_escape_when_it_is_on(workspace):
+    root, params = workspace
+    sft = np.arange(N) % 2 == 0
+    write_run(root, "sft", sft, np.where(sft, 0.5, 0.0), t04=np.zeros(N))
+    for seed in (0, 1):
+        train = {"train_wall_time_s": 1.0, "generated_tokens": 1}
+        write_run(root, f"grpo-s{seed}", sft, np.where(sft, 0.5, 0.0), t04=np.ones(N), train=train)
+    report = Path(compare.table.fn(params)).read_text()
+    assert "no-op escape" not in report
+    ev = params.evaluate.model_copy(update={"noop_escape_tries": 4})
+    report = Path(compare.table.fn(params.model_copy(update={"evaluate": ev}))).read_text()
+    assert (
+        "**Headline protocol: sampled at T=0.4, 2 per problem, every protocol with the no-op escape "
+        "(4 tries at T=1: " in report
+    )
