@@ -277,15 +277,20 @@ def test_collapse_signs_and_critic_per_run(workspace):
     assert cells(report, "ppo-s1", 1)[1:] == ["-"] * 6  # an old csv: nothing to read
 
 
-def test_each_protocol_its_own_values_headline_greedy(workspace):
-    """Distinct values per protocol land in their own columns and sentences; compare.headline=greedy
-    leads the table and the intro names it."""
-    root, params = workspace
+def sft_and_two_grpo_runs(root) -> None:
+    """SFT and GRPO seeds 0, 1 with the same greedy results, all wrong at T=0.4 for SFT, all right for GRPO."""
     sft = np.arange(N) % 2 == 0
     write_run(root, "sft", sft, np.where(sft, 0.5, 0.0), t04=np.zeros(N))
     for seed in (0, 1):
         train = {"train_wall_time_s": 1.0, "generated_tokens": 1}
         write_run(root, f"grpo-s{seed}", sft, np.where(sft, 0.5, 0.0), t04=np.ones(N), train=train)
+
+
+def test_each_protocol_its_own_values_headline_greedy(workspace):
+    """Distinct values per protocol land in their own columns and sentences; compare.headline=greedy
+    leads the table and the intro names it."""
+    root, params = workspace
+    sft_and_two_grpo_runs(root)
     params = params.model_copy(update={"compare": params.compare.model_copy(update={"headline": "greedy"})})
     report = Path(compare.table.fn(params)).read_text()
     assert "**Headline protocol: greedy.**" in report
@@ -354,11 +359,7 @@ def test_interval_metrics_name_model_protocol_and_interval():
 
 def test_the_headline_names_the_noop_escape_when_it_is_on(workspace):
     root, params = workspace
-    sft = np.arange(N) % 2 == 0
-    write_run(root, "sft", sft, np.where(sft, 0.5, 0.0), t04=np.zeros(N))
-    for seed in (0, 1):
-        train = {"train_wall_time_s": 1.0, "generated_tokens": 1}
-        write_run(root, f"grpo-s{seed}", sft, np.where(sft, 0.5, 0.0), t04=np.ones(N), train=train)
+    sft_and_two_grpo_runs(root)
     report = Path(compare.table.fn(params)).read_text()
     assert "no-op escape" not in report
     ev = params.evaluate.model_copy(update={"noop_escape_tries": 4})
