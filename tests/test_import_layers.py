@@ -137,7 +137,8 @@ def layer_of(unit: str) -> int:
 
 
 def find_cycle(graph: dict[str, set[str] | dict[str, int]]) -> list[str] | None:
-    """One cycle of ``graph`` as [a, b, ..., a], or None (depth-first search, colours)."""
+    """One cycle of ``graph`` as [a, b, ..., a] starting at its smallest name (so the report does not
+    depend on which edge the search happened to reach it by), or None (depth-first search, colours)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
 
@@ -146,7 +147,10 @@ def find_cycle(graph: dict[str, set[str] | dict[str, int]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt) :] + [nxt]
+                ring = path[path.index(nxt) :]
+                start = ring.index(min(ring))
+                ring = ring[start:] + ring[:start]
+                return [*ring, ring[0]]
             if nxt not in state and (found := visit(nxt)):
                 return found
         path.pop()

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from components.agent.render import ChatRenderer
 from components.rollout.base import RolloutEngine, SamplingConfig
+from components.tasks.step_records import reply_key
 
 
 @dataclass
@@ -130,7 +131,7 @@ def run_episodes(
         if noop_escape is not None:
             for ep, action, key in zip(active, actions, keys):
                 if key and _state_key(ep.env) == key:  # the reply changed nothing
-                    ep.noops.setdefault(key, set()).add(_reply(action))
+                    ep.noops.setdefault(key, set()).add(reply_key(action))
         for ep, (gen,), action, key, out, n in zip(active, gens, actions, keys, outcomes, escapes):
             _advance(
                 ep,
@@ -156,10 +157,6 @@ def run_episodes(
     return [s for ep in episodes for s in ep.steps]
 
 
-def _reply(action: str) -> str:
-    return action.strip().casefold()
-
-
 def _escape_noops(
     engine: RolloutEngine,
     renderer: ChatRenderer,
@@ -177,7 +174,7 @@ def _escape_noops(
     taken = [0] * len(active)
 
     def known(i: int) -> bool:
-        return bool(keys[i]) and _reply(actions[i]) in active[i].noops.get(keys[i], ())
+        return bool(keys[i]) and reply_key(actions[i]) in active[i].noops.get(keys[i], ())
 
     stuck = [i for i in range(len(active)) if known(i)]
     hot = replace(sampling, temperature=escape.temperature)

@@ -3,7 +3,8 @@
 - :func:`by_trajectory`: the records grouped by ``traj_id``, in their order;
 - :func:`step_numbers`: one record's ``task_metrics`` (the JSON its environment wrote) as a dict;
 - :func:`final_numbers`: the ``task_metrics`` of a trajectory's last step that has them;
-- :func:`loop_steps` / :func:`episode_loops` / :func:`loop_metrics`: how much an episode loops.
+- :func:`loop_steps` / :func:`episode_loops` / :func:`loop_metrics`: how much an episode loops;
+  :func:`reply_key`: a reply as they compare it (the agent loop's no-op escape uses the same).
 
 The loop metrics read each record's ``obs_key`` (the environment's state key before the step's
 action) and ``action`` (the reply). Step t of an episode (t >= 1):
@@ -30,6 +31,7 @@ __all__ = [
     "final_numbers",
     "loop_metrics",
     "loop_steps",
+    "reply_key",
     "step_numbers",
 ]
 
@@ -64,8 +66,13 @@ def final_numbers(traj: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {}
 
 
+def reply_key(action: object) -> str:
+    """A reply as the loop metrics compare it: without surrounding white space, case folded."""
+    return str(action).strip().casefold()
+
+
 def _reply(step: Mapping[str, Any]) -> str:
-    return str(step.get("action", "")).strip().casefold()
+    return reply_key(step.get("action", ""))
 
 
 def loop_steps(traj: Sequence[Mapping[str, Any]]) -> tuple[list[bool], list[bool]]:
