@@ -212,18 +212,31 @@ class RolloutParams(Section):
         )
 
 
-def protocol_name(temperature: float | None) -> str:
+# The suffix of a protocol played with the no-op escape (evaluate.noop_escape_protocols): greedy_escape.
+ESCAPE = "_escape"
+
+
+def protocol_name(temperature: float | None, escape: bool = False) -> str:
     """The name of an evaluation protocol: ``greedy`` (None), or ``t<T>`` for sampling at temperature T
-    (``t0.4``, ``t1``): the key of its metrics in eval_<model>.json, ``eval/<name>/*`` and ``val/<name>/*``."""
-    return "greedy" if temperature is None else f"t{temperature:g}"
+    (``t0.4``, ``t1``), with ``_escape`` when played with the no-op escape (``greedy_escape``): the key of
+    its metrics in eval_<model>.json, ``eval/<name>/*`` and ``val/<name>/*``."""
+    return ("greedy" if temperature is None else f"t{temperature:g}") + (ESCAPE if escape else "")
+
+
+def is_sampled(name: str) -> bool:
+    """Whether a protocol samples (``t0.4``, ``t1_escape``) rather than decodes greedily."""
+    return name.removesuffix(ESCAPE) != "greedy"
 
 
 def protocol_label(name: str, samples: int | None = None) -> str:
-    """A protocol in words for reports: ``greedy``, ``sampled at T=0.4`` (``, k per problem`` with k)."""
-    if name == "greedy":
-        return "greedy"
+    """A protocol in words for reports: ``greedy``, ``sampled at T=0.4`` (``, k per problem`` with k),
+    ``greedy with the no-op escape``."""
+    base = name.removesuffix(ESCAPE)
+    escape = " with the no-op escape" if name != base else ""
+    if base == "greedy":
+        return f"greedy{escape}"
     k = "" if samples is None else f", {samples} per problem"
-    return f"sampled at T={name[1:]}{k}"
+    return f"sampled at T={base[1:]}{k}{escape}"
 
 
 def _temperatures_valid(values: list[float]) -> list[float]:
@@ -249,10 +262,12 @@ class EvaluateParams(Section):
     # The sampled protocols: one per temperature (verl-agent validates at 0.4, RAGEN at 0.5, BALROG at
     # 1.0; docs/evaluation.md). Each is named t<T> (t0.4, t1) in the eval files and MLflow.
     temperatures: list[float] = [0.4, 1.0]
-    # Greedy and sampled episodes alike: a reply that already changed nothing from the same state in
-    # the episode is resampled at noop_escape_temperature, up to this many tries (0 = never; tasks
-    # with state keys only: sokoban, babyai). An inference-time rule, not training (docs/evaluation.md).
-    noop_escape_tries: int = Field(0, ge=0, le=16)
+    # Protocols (greedy, t<T>) played a second time with the no-op escape, each a protocol of its own
+    # (greedy_escape, t0.4_escape): within an episode, a reply that already changed nothing from the same
+    # state is resampled at noop_escape_temperature, up to noop_escape_tries times. [] = none. Tasks with
+    # state keys only (sokoban, babyai); an inference-time rule, not training (docs/evaluation.md).
+    noop_escape_protocols: list[str] = []
+    noop_escape_tries: int = Field(4, ge=1, le=16)
     noop_escape_temperature: float = Field(1.0, gt=0, le=2)
 
     _temperatures_ok = field_validator("temperatures")(_temperatures_valid)
@@ -265,13 +280,44 @@ class EvaluateParams(Section):
                 f"temperature={data['temperature']!r}: evaluate.temperature is now evaluate.temperatures, "
                 "a list (one sampled protocol per temperature, e.g. [0.4, 1.0])"
             )
+        if isinstance(data, dict) and data.get("noop_escape_tries") == 0:
+            raise ValueError(
+                "noop_escape_tries=0: the escape is now switched on per protocol by "
+                "evaluate.noop_escape_protocols ([] = off, e.g. [greedy, t0.4]); tries must be >= 1"
+            )
         return data
+
+    @model_validator(mode="after")
+    def _escape_protocols_evaluated(self) -> EvaluateParams:
+        plain = self.plain_protocols
+        for name in self.noop_escape_protocols:
+            if name not in plain:
+                raise ValueError(
+                    f"noop_escape_protocols: {name!r} is not a protocol the evaluation runs without the "
+                    f"escape ({plain}: greedy, and t<T> for each of temperatures when samples > 0)"
+                )
+        if len(set(self.noop_escape_protocols)) < len(self.noop_escape_protocols):
+            raise ValueError(f"noop_escape_protocols: {self.noop_escape_protocols} names a protocol twice")
+        return self
+
+    @property
+    def plain_protocols(self) -> list[str]:
+        """Greedy, then one protocol per temperature (when samples > 0), without the escape."""
+        sampled = [protocol_name(t) for t in self.temperatures] if self.samples else []
+        return ["greedy", *sampled]
 
     @property
     def protocols(self) -> list[str]:
-        """The protocols a test evaluation runs: greedy, then one per temperature (when samples > 0)."""
-        sampled = [protocol_name(t) for t in self.temperatures] if self.samples else []
-        return ["greedy", *sampled]
+        """The protocols a test evaluation runs: :attr:`plain_protocols`, then each of
+        noop_escape_protocols with the escape (``greedy_escape``)."""
+        return [*self.plain_protocols, *(p + ESCAPE for p in self.noop_escape_protocols)]
+
+    def plays(self) -> list[tuple[str, float | None, bool]]:
+        """(protocol, temperature (None = greedy), with the escape) of every protocol, in order."""
+        temps = {protocol_name(t): t for t in self.temperatures}
+        return [
+            (name, temps.get(name.removesuffix(ESCAPE)), name.endswith(ESCAPE)) for name in self.protocols
+        ]
 
 
 class AlgoParams(Section):

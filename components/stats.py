@@ -84,7 +84,8 @@ def problem_results(
     """One row per problem of ``ids`` (in that order): ``correct`` (its greedy episode, 0/1),
     ``sampled_correct`` (fraction of its ``sampled`` episodes that are correct; null without any),
     ``n_sampled``, and of the greedy episode its ``return`` (the sum of its step rewards) and ``turns``
-    (its steps). Per sampled protocol ``p`` of ``protocols`` (name -> its episodes' step records):
+    (its steps). Per other protocol ``p`` of ``protocols`` (name -> its episodes' step records; a
+    sampled one, or one played with the no-op escape such as ``greedy_escape``):
     ``<p>_correct`` (fraction of the problem's episodes that are correct) and ``<p>_n`` (their number).
     Where the greedy episodes carry state keys (components.tasks.step_records): ``loop_rate`` of the
     greedy episode and ``<p>_loop_rate``, the mean over the problem's episodes of protocol ``p``.

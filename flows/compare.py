@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 from prefect import flow, task
 
-from components.config import Params, protocol_label
+from components.config import Params, is_sampled, protocol_label
 from components.io import write_text
 from components.plots import Band, Panel, band_chart
 from components.schemas import ProblemSchema, validate_table
@@ -179,7 +179,7 @@ def loop_column(protocol: str) -> str:
 
 
 def _label(params: Params, protocol: str) -> str:
-    return protocol_label(protocol, None if protocol == "greedy" else params.evaluate.samples)
+    return protocol_label(protocol, params.evaluate.samples if is_sampled(protocol) else None)
 
 
 def _protocol_value(e: dict, protocol: str, key: str) -> float | None:
@@ -254,7 +254,7 @@ class _Columns:
 
     def __init__(self, params: Params, est: dict) -> None:
         evals = [est["sft"], *(r["eval"] for r in est["runs"].values())]
-        self.sampled = [p for p in est["kinds"] if p != "greedy"]
+        self.sampled = [p for p in est["kinds"] if is_sampled(p)]
         self.tools, self.optional = _optional_keys(evals)
         self.headers = [
             *(f"pass@k ({_label(params, p)})" for p in self.sampled),
@@ -432,19 +432,20 @@ def _diagnostics_table(params: Params) -> list[str]:
 def _intro(params: Params, est: dict) -> str:
     c, ev = params.compare, params.evaluate
     n_seeds = len(c.seeds)
-    sampled = [p for p in ev.protocols if p != "greedy"]
+    others = [p for p in ev.protocols if p != "greedy"]
     escape = (
-        f", every protocol with the no-op escape ({ev.noop_escape_tries} tries at T={ev.noop_escape_temperature:g}: "
-        "a reply that already changed nothing from the same state is resampled, docs/evaluation.md)"
-        if ev.noop_escape_tries
+        f" A protocol *with the no-op escape* plays the same episodes again, resampling a reply that already "
+        f"changed nothing from the same state (up to {ev.noop_escape_tries} tries at "
+        f"T={ev.noop_escape_temperature:g}; docs/evaluation.md): an inference-time rule, not training."
+        if ev.noop_escape_protocols
         else ""
     )
     return (
         f"# {params.task}: RL algorithms against the SFT baseline\n\n"
-        f"**Headline protocol: {_label(params, c.headline)}{escape}.** Every protocol the evaluation ran is shown, "
+        f"**Headline protocol: {_label(params, c.headline)}.** Every protocol the evaluation ran is shown, "
         f"the headline first: greedy (one episode per problem at temperature 0)"
-        + "".join(f"; {_label(params, p)}" for p in sampled)
-        + " (docs/evaluation.md). "
+        + "".join(f"; {_label(params, p)}" for p in others)
+        + f" (docs/evaluation.md).{escape} "
         f"{ev.split.capitalize()} split ({est['n_problems']} problems), multi-turn with the task's real environment. "
         "Accuracy (for sokoban: the success rate) of a sampled protocol is mean@k, the mean over problems of the "
         "fraction of their k episodes that succeed; pass@k the fraction of problems with at least one. Mean turns, "

@@ -3,7 +3,8 @@
 Plays every row of the held-out split to the end with the task's real tools under each evaluation
 protocol (docs/evaluation.md): one greedy episode per row, and per temperature T of
 ``evaluate.temperatures`` ``evaluate.samples`` episodes sampled at T (protocol ``t<T>``; sampling seed:
-params.seed, the same for every model). `python -m flows.evaluate --model sft` evaluates models/sft on
+params.seed, the same for every model); each protocol of ``evaluate.noop_escape_protocols`` a second
+time with the no-op escape (``greedy_escape``, ``t0.4_escape``). `python -m flows.evaluate --model sft` evaluates models/sft on
 a rollout engine of its own (vLLM by default); a train stage evaluates its final policy with the
 rollout engine it already holds (:func:`evaluate` with its ``engine``), which saves a process start and
 an engine build per RL run.
@@ -30,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 
 from components.agent.loop import Episode, NoopEscape, episode_metrics, run_episodes, sampled_metrics
 from components.agent.render import ChatRenderer
-from components.config import Params, protocol_label, protocol_name
+from components.config import Params, is_sampled, protocol_label
 from components.envs import get_task
 from components.io import write_json, write_parquet
 from components.model.tiny import is_complete_checkpoint
@@ -69,10 +70,11 @@ def play(
     engine: RolloutEngine | None = None,
     renderer: ChatRenderer | None = None,
 ) -> tuple[list[dict], dict[str, list[dict]]]:
-    """Step records of one greedy episode per row, and per sampled protocol (name -> records) of
-    ``evaluate.samples`` episodes per row at its temperature, played on ``engine`` with ``renderer`` (a
-    train stage's, holding its final weights) or, without them, on a rollout engine built from the
-    model's checkpoint."""
+    """Step records of one greedy episode per row, and per other protocol (name -> records): for a
+    sampled one ``evaluate.samples`` episodes per row at its temperature, for one of
+    ``evaluate.noop_escape_protocols`` the same episodes played with the no-op escape (``greedy_escape``:
+    one per row). Played on ``engine`` with ``renderer`` (a train stage's, holding its final weights)
+    or, without them, on a rollout engine built from the model's checkpoint."""
     spec = get_task(params.task)
     r, ev = params.rollout, params.evaluate
     data_dir = processed(params.task)  # the prepare output (tables and task files)
@@ -81,18 +83,18 @@ def play(
         with timed("engine_start"):
             engine, renderer = open_engine(params, model_dir(model))
 
-    escape = NoopEscape(ev.noop_escape_tries, ev.noop_escape_temperature) if ev.noop_escape_tries else None
+    escape = NoopEscape(ev.noop_escape_tries, ev.noop_escape_temperature)
 
-    def run(temperature: float | None) -> list[dict]:
+    def run(temperature: float | None, escaped: bool) -> list[dict]:
         # The greedy episode keeps the row id as its trajectory id, a sampled one adds #i (its sampling
-        # seed depends on the trajectory id only: the same at every temperature)
+        # seed depends on the trajectory id only: the same at every temperature, with or without the escape)
         tags = [""] if temperature is None else [f"#{i}" for i in range(ev.samples)]
         episodes = [
             Episode(f"{row['id']}{tag}", str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
             for row in rows
             for tag in tags
         ]
-        label = "" if temperature is None else f" (T={temperature:g})"
+        label = ("" if temperature is None else f" (T={temperature:g})") + (" escape" if escaped else "")
         return run_episodes(
             engine,
             renderer,
@@ -101,14 +103,13 @@ def play(
             temperature=0.0 if temperature is None else temperature,
             seed=params.seed,
             desc=f"evaluate {model}{label}",
-            noop_escape=escape,
+            noop_escape=escape if escaped else None,
         )
 
     try:
         with timed("episodes"):
-            greedy = run(None)
-            sampled = {protocol_name(t): run(t) for t in ev.temperatures} if ev.samples else {}
-            return greedy, sampled
+            records = {name: run(temperature, escaped) for name, temperature, escaped in ev.plays()}
+            return records.pop("greedy"), records
     finally:
         if own:
             engine.close()
@@ -125,14 +126,16 @@ def protocol_metrics(task: str, steps: list[dict], *, sampled: bool) -> dict[str
     return metrics
 
 
-def eval_record(task: str, greedy: list[dict], sampled: dict[str, list[dict]]) -> dict:
+def eval_record(task: str, greedy: list[dict], others: dict[str, list[dict]]) -> dict:
     """eval_<model>.json's metrics (module docstring): a block per protocol, and the flat keys of the
     greedy episodes and of the T=1 protocol (``sampled_accuracy``, ``pass_at_k``) as before protocols."""
     blocks = {"greedy": protocol_metrics(task, greedy, sampled=False)}
-    blocks |= {name: protocol_metrics(task, steps, sampled=True) for name, steps in sampled.items()}
+    blocks |= {
+        name: protocol_metrics(task, steps, sampled=is_sampled(name)) for name, steps in others.items()
+    }
     flat = dict(blocks["greedy"])
-    if "t1" in sampled:
-        flat |= sampled_metrics(sampled["t1"]) | {"sampled_temperature": 1.0}
+    if "t1" in others:
+        flat |= sampled_metrics(others["t1"]) | {"sampled_temperature": 1.0}
     return {**flat, **blocks}
 
 
@@ -148,13 +151,13 @@ def evaluate(
     if params.evaluate.max_samples:
         df = df.head(params.evaluate.max_samples)
     start = time.perf_counter()
-    steps, sampled = play(params, model, df.to_dicts(), engine, renderer)
-    metrics = eval_record(params.task, steps, sampled)
+    steps, others = play(params, model, df.to_dicts(), engine, renderer)
+    metrics = eval_record(params.task, steps, others)
     metrics["wall_time_s"] = time.perf_counter() - start
-    every = steps + [s for records in sampled.values() for s in records]
+    every = steps + [s for records in others.values() for s in records]
     metrics["generated_tokens"] = float(sum(len(s["response_ids"]) for s in every))
     ids = [str(i) for i in df["id"].to_list()]
-    problems = problem_results(ids, steps, sampled.get("t1", ()), protocols=sampled)
+    problems = problem_results(ids, steps, others.get("t1", ()), protocols=others)
     problems = validate_table(problems, ProblemSchema, f"evaluate {model}: per-problem results")
     write_parquet(problems, REPO / "metrics" / f"problems_{model}.parquet")
     write_json({"model": model, "split": split, **metrics}, REPO / "metrics" / f"eval_{model}.json")
@@ -168,7 +171,7 @@ def evaluate(
         f"evaluate {model} on {split} ({len(df)} rows): "
         + "; ".join(
             f"{protocol_label(name, k)}: accuracy {metrics[name]['accuracy']:.3f}"
-            + (f", pass@{k} {metrics[name]['pass_at_k']:.3f}" if name != "greedy" else "")
+            + (f", pass@{k} {metrics[name]['pass_at_k']:.3f}" if is_sampled(name) else "")
             + f", mean turns {metrics[name]['mean_turns']:.2f}"
             + (f", loop rate {metrics[name]['loop_rate']:.3f}" if "loop_rate" in metrics[name] else "")
             for name in params.evaluate.protocols

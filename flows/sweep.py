@@ -34,7 +34,7 @@ from flows import REPO
 # params that identify a run rather than a setting (every run differs in them)
 IDENTITY = {"seed", "algo.rl_seed", "algo.name"}
 # A protocol's test metrics that get a column (flows/evaluate.py logs eval/<protocol>/<metric>).
-PROTOCOL_METRIC = re.compile(r"eval/(greedy|t[0-9.]+)/(accuracy|loop_rate)")
+PROTOCOL_METRIC = re.compile(r"eval/((?:greedy|t[0-9.]+)(?:_escape)?)/(accuracy|loop_rate)")
 
 
 @dataclass

@@ -357,14 +357,41 @@ def test_interval_metrics_name_model_protocol_and_interval():
     assert len(m) == 2 * 3 + 2 * 6  # sft: value and interval per protocol; grpo: and its difference
 
 
-def test_the_headline_names_the_noop_escape_when_it_is_on(workspace):
+def add_greedy_escape(root, name: str, correct) -> None:
+    """The greedy_escape protocol's per-problem column and eval block added to a run's files."""
+    path = root / "metrics" / f"problems_{name}.parquet"
+    table = pl.read_parquet(path).with_columns(
+        pl.Series("greedy_escape_correct", list(map(float, correct))), pl.lit(1).alias("greedy_escape_n")
+    )
+    table.write_parquet(path)
+    ev = json.loads((root / "metrics" / f"eval_{name}.json").read_text())
+    ev["greedy_escape"] = {"accuracy": float(np.mean(correct)), "noop_escapes_per_step": 0.1}
+    (root / "metrics" / f"eval_{name}.json").write_text(json.dumps(ev))
+
+
+def test_escape_protocols_are_protocols_of_their_own(workspace):
+    """evaluate.noop_escape_protocols: [greedy] adds greedy_escape beside greedy, its own accuracy and
+    difference to SFT, no pass@k; as headline it is named in words, and the intro says what the escape is."""
     root, params = workspace
     sft_and_two_grpo_runs(root)
     report = Path(compare.table.fn(params)).read_text()
     assert "no-op escape" not in report
-    ev = params.evaluate.model_copy(update={"noop_escape_tries": 4})
-    report = Path(compare.table.fn(params.model_copy(update={"evaluate": ev}))).read_text()
+    sft = np.arange(N) % 2 == 0
+    add_greedy_escape(root, "sft", sft | (np.arange(N) % 4 == 1))  # the escape solves a quarter more
+    for seed in (0, 1):
+        add_greedy_escape(root, f"grpo-s{seed}", np.ones(N))
+        add_greedy_escape(root, f"ppo-s{seed}", sft)
+    ev = params.evaluate.model_copy(update={"noop_escape_protocols": ["greedy"]})
+    head = params.compare.model_copy(update={"headline": "greedy_escape"})
+    report = Path(compare.table.fn(params.model_copy(update={"evaluate": ev, "compare": head}))).read_text()
+    assert "**Headline protocol: greedy with the no-op escape.**" in report
     assert (
-        "**Headline protocol: sampled at T=0.4, 2 per problem, every protocol with the no-op escape "
-        "(4 tries at T=1: " in report
+        "resampling a reply that already changed nothing from the same state (up to 4 tries at T=1" in report
     )
+    header = cells(report, "algorithm")
+    assert header[2] == "accuracy (greedy with the no-op escape) [95% CI]"
+    assert header[4] == "accuracy (greedy) [95% CI]"
+    assert not any(h.startswith("pass@k (greedy") for h in header)
+    grpo = dict(zip(header, cells(report, "grpo")))
+    assert grpo["greedy_escape vs SFT [95% CI]"].startswith("+0.250 [")
+    assert grpo["greedy vs SFT [95% CI]"] == "+0.000 [0.000, 0.000]"

@@ -1,7 +1,8 @@
 """The test evaluation and the validation during training under several protocols (greedy, sampled at
-0.4 and at 1) on calc with a scripted engine that answers right below temperature 1 and wrong at 1:
-each protocol's episodes, metrics, MLflow names and per-problem columns are its own, and the keys from
-before protocols keep their meaning. Then the per-problem loop columns of a task with state keys."""
+0.4 and at 1, and played again with the no-op escape) on calc with a scripted engine that answers right
+below temperature 1 and wrong at 1: each protocol's episodes, metrics, MLflow names and per-problem
+columns are its own, and the keys from before protocols keep their meaning. Then the per-problem loop
+columns of a task with state keys."""
 
 from __future__ import annotations
 
@@ -131,16 +132,58 @@ def test_per_problem_loop_rates_of_each_protocol():
         problem_results(["a", "b"], greedy, protocols={"t1": hot[:4]})
 
 
-@pytest.mark.parametrize(
-    ("settings", "want"),
-    [({}, None), ({"noop_escape_tries": 3, "noop_escape_temperature": 0.8}, NoopEscape(3, 0.8))],
-)
-def test_the_noop_escape_reaches_every_protocol(engine, monkeypatch, settings, want):
+def test_escape_protocols_play_again_with_the_escape(engine, monkeypatch):
+    """evaluate.noop_escape_protocols: each named protocol is played a second time with the escape, as a
+    protocol of its own after the plain ones; the plain ones never escape."""
     eng, renderer = engine
     seen = []
-    monkeypatch.setattr(evaluate, "run_episodes", lambda *a, **kw: seen.append(kw["noop_escape"]) or [])
+
+    def fake(*a, **kw):
+        seen.append((kw["temperature"], kw["noop_escape"]))
+        return []
+
+    monkeypatch.setattr(evaluate, "run_episodes", fake)
+    ev = {"samples": 1, "temperatures": [0.4, 1.0], "noop_escape_protocols": ["greedy", "t0.4"]}
     params = parse_params(
-        {"task": "calc", "evaluate": {"samples": 1, "temperatures": [0.4, 1.0], **settings}}
+        {"task": "calc", "evaluate": {**ev, "noop_escape_tries": 3, "noop_escape_temperature": 0.8}}
     )
-    evaluate.play.fn(params, "m", ROWS, eng, renderer)
-    assert seen == [want] * 3  # greedy, t0.4, t1
+    _, others = evaluate.play.fn(params, "m", ROWS, eng, renderer)
+    assert list(others) == ["t0.4", "t1", "greedy_escape", "t0.4_escape"]
+    esc = NoopEscape(3, 0.8)
+    assert seen == [(0.0, None), (0.4, None), (1.0, None), (0.0, esc), (0.4, esc)]
+
+
+def test_a_greedy_escape_protocol_is_greedy_in_the_record(engine):
+    """greedy_escape's block has no pass@k (one greedy episode per problem); t0.4_escape's has."""
+    eng, renderer = engine
+    ev = {"samples": 2, "temperatures": [0.4], "noop_escape_protocols": ["greedy", "t0.4"]}
+    params = parse_params({"task": "calc", "evaluate": ev})
+    greedy, others = evaluate.play.fn(params, "m", ROWS, eng, renderer)
+    record = evaluate.eval_record("calc", greedy, others)
+    assert record["greedy_escape"]["accuracy"] == 1.0 and "pass_at_k" not in record["greedy_escape"]
+    assert record["t0.4_escape"]["pass_at_k"] == 1.0
+    problems = problem_results(["q1", "q2"], greedy, protocols=others)
+    assert problems["greedy_escape_n"].to_list() == [1, 1] and problems["t0.4_escape_n"].to_list() == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"noop_escape_protocols": ["t0.5"]}, "'t0.5' is not a protocol the evaluation runs"),
+        ({"noop_escape_protocols": ["t0.4"], "samples": 0}, "'t0.4' is not a protocol"),
+        ({"noop_escape_protocols": ["greedy", "greedy"]}, "names a protocol twice"),
+        ({"noop_escape_protocols": ["greedy_escape"]}, "'greedy_escape' is not a protocol"),
+        ({"noop_escape_tries": 0}, "switched on per protocol by evaluate.noop_escape_protocols"),
+    ],
+)
+def test_bad_escape_settings_are_named(settings, message):
+    with pytest.raises(ValueError, match=message):
+        parse_params({"task": "calc", "evaluate": {"temperatures": [0.4], **settings}})
+
+
+def test_the_headline_may_be_an_escape_protocol():
+    ev = {"temperatures": [0.4], "noop_escape_protocols": ["greedy"]}
+    params = parse_params({"task": "calc", "evaluate": ev, "compare": {"headline": "greedy_escape"}})
+    assert params.evaluate.protocols == ["greedy", "t0.4", "greedy_escape"]
+    with pytest.raises(ValueError, match="compare.headline='t0.4_escape' is not an evaluated protocol"):
+        parse_params({"task": "calc", "evaluate": ev, "compare": {"headline": "t0.4_escape"}})

@@ -65,7 +65,8 @@ def test_main_writes_the_report_and_the_chart(store, tmp_path, monkeypatch):
 
 
 def test_protocol_columns_when_runs_logged_them(store, monkeypatch):
-    """Runs that logged eval/<protocol>/accuracy and loop_rate get a column each (means over seeds)."""
+    """Runs that logged eval/<protocol>/accuracy and loop_rate get a column each (means over seeds),
+    protocols with the no-op escape included."""
     import mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
@@ -74,11 +75,16 @@ def test_protocol_columns_when_runs_logged_them(store, monkeypatch):
         tags = {"dvc.exp_name": "exp-c", "steprl.algo": "ppo", "steprl.rl_seed": str(seed)}
         with mlflow.start_run(experiment_id=exp, run_name=f"ppo-s{seed}", tags=tags):
             mlflow.log_metrics(
-                {"eval/accuracy": 0.5, "eval/t0.4/accuracy": 0.6, "eval/greedy/loop_rate": loop}
+                {
+                    "eval/accuracy": 0.5,
+                    "eval/t0.4/accuracy": 0.6,
+                    "eval/greedy/loop_rate": loop,
+                    "eval/greedy_escape/accuracy": 0.7,
+                }
             )
     text = sweep.table(sweep.collect("sokoban", ["exp-c"]))
     header = next(line for line in text.splitlines() if line.startswith("| DVC experiment"))
     head = [c.strip() for c in header.strip("|").split("|")]
-    assert head[-2:] == ["test greedy loop rate", "test t0.4 accuracy"]
+    assert head[-3:] == ["test greedy loop rate", "test greedy_escape accuracy", "test t0.4 accuracy"]
     row = next(line for line in text.splitlines() if line.startswith("| exp-c | ppo |"))
-    assert [c.strip() for c in row.strip("|").split("|")][-2:] == ["0.300", "0.600"]
+    assert [c.strip() for c in row.strip("|").split("|")][-3:] == ["0.300", "0.700", "0.600"]
