@@ -216,11 +216,11 @@ class RolloutParams(Section):
 ESCAPE = "_escape"
 
 
-def protocol_name(temperature: float | None, escape: bool = False) -> str:
+def protocol_name(temperature: float | None) -> str:
     """The name of an evaluation protocol: ``greedy`` (None), or ``t<T>`` for sampling at temperature T
-    (``t0.4``, ``t1``), with ``_escape`` when played with the no-op escape (``greedy_escape``): the key of
-    its metrics in eval_<model>.json, ``eval/<name>/*`` and ``val/<name>/*``."""
-    return ("greedy" if temperature is None else f"t{temperature:g}") + (ESCAPE if escape else "")
+    (``t0.4``, ``t1``); played with the no-op escape it is ``<name>_escape`` (``greedy_escape``). The key
+    of its metrics in eval_<model>.json, ``eval/<name>/*`` and ``val/<name>/*``."""
+    return "greedy" if temperature is None else f"t{temperature:g}"
 
 
 def is_sampled(name: str) -> bool:

@@ -3,11 +3,11 @@
 Plays every row of the held-out split to the end with the task's real tools under each evaluation
 protocol (docs/evaluation.md): one greedy episode per row, and per temperature T of
 ``evaluate.temperatures`` ``evaluate.samples`` episodes sampled at T (protocol ``t<T>``; sampling seed:
-params.seed, the same for every model); each protocol of ``evaluate.noop_escape_protocols`` a second
-time with the no-op escape (``greedy_escape``, ``t0.4_escape``). `python -m flows.evaluate --model sft` evaluates models/sft on
-a rollout engine of its own (vLLM by default); a train stage evaluates its final policy with the
-rollout engine it already holds (:func:`evaluate` with its ``engine``), which saves a process start and
-an engine build per RL run.
+params.seed, the same for every model); each protocol of ``evaluate.noop_escape_protocols`` a
+second time with the no-op escape (``greedy_escape``, ``t0.4_escape``). `python -m flows.evaluate
+--model sft` evaluates models/sft on a rollout engine of its own (vLLM by default); a train stage
+evaluates its final policy with the rollout engine it already holds (:func:`evaluate` with its
+``engine``), which saves a process start and an engine build per RL run.
 
 Writes metrics/eval_<model>.json: per protocol a block of its metrics (``"greedy": {...}``,
 ``"t0.4": {...}``: accuracy, mean turns, tool use, format errors, the task's own metrics such as
