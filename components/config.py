@@ -315,9 +315,8 @@ class EvaluateParams(Section):
     def plays(self) -> list[tuple[str, float | None, bool]]:
         """(protocol, temperature (None = greedy), with the escape) of every protocol, in order."""
         temps = {protocol_name(t): t for t in self.temperatures}
-        return [
-            (name, temps.get(name.removesuffix(ESCAPE)), name.endswith(ESCAPE)) for name in self.protocols
-        ]
+        plain = [(name, temps.get(name), False) for name in self.plain_protocols]
+        return plain + [(name + ESCAPE, temps.get(name), True) for name in self.noop_escape_protocols]
 
 
 class AlgoParams(Section):

@@ -1,6 +1,6 @@
 """The no-op escape in the agent loop (evaluate.noop_escape_protocols): a reply that already changed
-nothing from the same state is resampled, greedy or sampled; the escape never touches a first no-op, other states, or a run
-without it, and the loop metric of an escaped run counts no repeat."""
+nothing from the same state is resampled, greedy or sampled; the escape never touches a first no-op,
+other states, or a run without it, and the loop metric of an escaped run counts no repeat."""
 
 from __future__ import annotations
 
