@@ -309,8 +309,8 @@ class EvaluateParams(Section):
     @property
     def protocols(self) -> list[str]:
         """The protocols a test evaluation runs: :attr:`plain_protocols`, then each of
-        noop_escape_protocols with the escape (``greedy_escape``)."""
-        return [*self.plain_protocols, *(p + ESCAPE for p in self.noop_escape_protocols)]
+        noop_escape_protocols with the escape (``greedy_escape``): the names of :meth:`plays`."""
+        return [name for name, _, _ in self.plays()]
 
     def plays(self) -> list[tuple[str, float | None, bool]]:
         """(protocol, temperature (None = greedy), with the escape) of every protocol, in order."""
