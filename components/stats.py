@@ -16,6 +16,10 @@ uncertainty (there is nothing to resample), and with two or three seeds the seed
 is coarse: the per-seed values belong next to the intervals. Every estimate is the mean over seeds and
 problems (a difference is of those means).
 
+:func:`between_problem_share` reads one model's per-problem success fractions under a protocol with
+several episodes per problem: how much of an episode's success the problem decides, which bounds what
+a critic can explain from the problem alone.
+
 Pure: no Prefect, no MLflow, no file access.
 """
 
@@ -35,6 +39,7 @@ from components.tasks.step_records import episode_loops
 __all__ = [
     "RESAMPLED",
     "Estimate",
+    "between_problem_share",
     "curve_band",
     "difference_interval",
     "mean_interval",
@@ -309,6 +314,37 @@ def difference_interval(
             "difference needs the same problems in the same order"
         )
     return _crossed_bootstrap([a, b], [1.0, -1.0], confidence, n_resamples, seed)
+
+
+# --- what the problem decides ---------------------------------------------------------------------
+
+
+def between_problem_share(fractions: np.ndarray | Sequence[float], k: int) -> float | None:
+    """The share of one episode's success variance that lies between problems, from ``fractions``,
+    the fraction of ``k`` episodes per problem that succeed (one protocol of one model).
+
+    With p_i the problem's success probability and p-bar the overall rate, one episode's outcome has
+    variance p-bar (1 - p-bar) = Var(p_i) + E[p_i (1 - p_i)]: between problems plus the coin of the
+    episode itself. The observed fractions carry k-episode noise, E[p-hat (1 - p-hat)] = (k-1)/k
+    E[p (1 - p)], so Var(p_i) is estimated without bias by Var(p-hat_i) - mean(p-hat_i (1 - p-hat_i)) /
+    (k - 1) (variance over problems with ddof 1). The share is that over p-bar (1 - p-bar): what a value
+    function that knew each problem's success rate would explain of a first turn's success, the ceiling
+    of a critic's explained variance there from the problem alone. Not clipped: near 0 an estimate can
+    fall below it by noise. None when k < 2 (the episode's coin cannot be told apart) or every episode
+    has the same outcome."""
+    f = np.asarray(fractions, dtype=float)
+    if f.ndim != 1 or f.size < 2:
+        raise ValueError(f"between_problem_share: need a vector of >= 2 problems, got shape {f.shape}")
+    if not ((f >= 0) & (f <= 1)).all():
+        raise ValueError("between_problem_share: fractions must lie in [0, 1]")
+    if k < 2:
+        return None
+    mean = float(f.mean())
+    total = mean * (1 - mean)
+    if total == 0:
+        return None
+    between = float(f.var(ddof=1)) - float((f * (1 - f)).mean()) / (k - 1)
+    return between / total
 
 
 # --- learning curves ------------------------------------------------------------------------------

@@ -38,7 +38,15 @@ from components.config import Params, is_sampled, protocol_label
 from components.io import write_text
 from components.plots import Band, Panel, band_chart
 from components.schemas import ProblemSchema, validate_table
-from components.stats import RESAMPLED, Estimate, curve_band, difference_interval, mean_interval, score_matrix
+from components.stats import (
+    RESAMPLED,
+    Estimate,
+    between_problem_share,
+    curve_band,
+    difference_interval,
+    mean_interval,
+    score_matrix,
+)
 from components.train.collapse import read_trend, trend
 from flows import REPO
 from flows._stage import StageError, mlflow_run, read_params, stage_main
@@ -429,6 +437,55 @@ def _diagnostics_table(params: Params) -> list[str]:
     return lines
 
 
+def _run_share(problems: pl.DataFrame, protocol: str) -> float | None:
+    """:func:`components.stats.between_problem_share` of one run's per-problem results under a sampled
+    protocol (None when it played fewer than 2 episodes per problem, or not the same number for all)."""
+    n = problems[f"{protocol}_n"].unique().to_list()
+    if len(n) != 1:
+        return None
+    return between_problem_share(problems[accuracy_column(protocol)].to_numpy(), int(n[0]))
+
+
+def _share_table(params: Params, est: dict) -> list[str]:
+    """5. per model and sampled protocol of >= 2 episodes per problem, the share of an episode's
+    success variance between problems (an algorithm: the mean over its seeds, the range after it).
+    Empty when no protocol qualifies."""
+    protocols = [p for p in est["kinds"] if is_sampled(p) and params.evaluate.samples >= 2]
+    if not protocols:
+        return []
+    head = ["model", *(_label(params, p) for p in protocols)]
+    lines = [_row(head), _row(["---"] * len(head))]
+    for model in ["sft", *params.compare.algorithms]:
+        tables = (
+            [_problems("sft")]
+            if model == "sft"
+            else [est["runs"][params.compare.run_name(model, s)]["problems"] for s in params.compare.seeds]
+        )
+        cells = []
+        for p in protocols:
+            shares = [v for v in (_run_share(t, p) for t in tables) if v is not None]
+            if not shares:
+                cells.append("-")
+            elif len(shares) == 1:
+                cells.append(f"{shares[0]:.3f}")
+            else:
+                cells.append(f"{np.mean(shares):.3f} ({min(shares):.3f} to {max(shares):.3f})")
+        lines.append(_row([model, *cells]))
+    return lines
+
+
+SHARE_TEXT = (
+    "## How much the problem decides\n\n"
+    "Per model and sampled protocol, the share of one episode's success variance that lies between problems: "
+    "the variance of the problems' success rates (less the noise of k episodes each) over p(1 - p), p the "
+    "success rate (components/stats.py, between_problem_share; an algorithm's value is the mean over its "
+    "seeds, their range after it). A critic that knew each problem's success rate would explain this "
+    "share of a first turn's success, so it is the ceiling of the critic's explained variance on first "
+    "turns from the problem alone: later turns see more, and where the reward is shaped the critic fits "
+    "returns, not success.\n\n"
+)
+
+
 def _intro(params: Params, est: dict) -> str:
     c, ev = params.compare, params.evaluate
     n_seeds = len(c.seeds)
@@ -505,6 +562,7 @@ def table(params: Params) -> str:
         mlflow.log_metrics(interval_metrics(params, est))
     cols = _Columns(params, est)
     pairs = _pairs_table(params, est)
+    shares = _share_table(params, est)
     text = (
         _intro(params, est)
         + "\n".join(_algorithm_table(params, est, cols))
@@ -520,6 +578,7 @@ def table(params: Params) -> str:
         + ("## Algorithm against algorithm\n\n" + "\n".join(pairs) + "\n\n" if pairs else "")
         + DIAGNOSTICS_TEXT
         + "\n".join(_diagnostics_table(params))
+        + ("\n\n" + SHARE_TEXT + "\n".join(shares) if shares else "")
         + "\n\n## In words\n\n"
         + "\n".join(_sentence(params, est, a) for a in params.compare.algorithms)
         + "\n"

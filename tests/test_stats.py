@@ -8,6 +8,7 @@ import pytest
 
 from components.stats import (
     Estimate,
+    between_problem_share,
     curve_band,
     difference_interval,
     mean_interval,
@@ -215,3 +216,35 @@ def test_curve_band_mean_min_max_where_every_run_has_a_value():
         curve_band({"s0": s0.with_columns(score_mean=pl.lit(1.0)), "s1": s1}, "iteration", "score_mean")
     with pytest.raises(ValueError, match="iteration 1 appears twice"):
         curve_band({"s0": pl.concat([s0, s0.tail(2)])}, "iteration", "val_accuracy")
+
+
+def _fractions(p: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
+    """Each problem's fraction of k Bernoulli(p_i) episodes that succeed."""
+    return np.random.default_rng(seed).binomial(k, p) / k
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_between_problem_share_recovers_the_variance_of_the_success_rates(k):
+    # half the problems at 0.2, half at 0.8: Var(p) = 0.09 of a total 0.25, a share of 0.36
+    p = np.repeat([0.2, 0.8], 20_000)
+    assert between_problem_share(_fractions(p, k), k) == pytest.approx(0.36, abs=0.015)
+
+
+def test_between_problem_share_is_about_0_when_every_problem_is_the_same_coin():
+    # the raw variance of the fractions is all binomial noise (0.25 / k): it must not be read as share
+    share = between_problem_share(_fractions(np.full(40_000, 0.5), 4), 4)
+    assert abs(share) < 0.01
+
+
+def test_between_problem_share_subtracts_no_noise_when_each_problem_is_all_or_nothing():
+    f = np.array([0.0, 1.0, 1.0, 0.0, 1.0])
+    assert between_problem_share(f, 4) == pytest.approx(f.var(ddof=1) / 0.24)
+
+
+def test_between_problem_share_needs_two_episodes_and_some_variation():
+    assert between_problem_share([0.0, 1.0, 1.0], 1) is None
+    assert between_problem_share([1.0, 1.0, 1.0], 4) is None
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        between_problem_share([0.5, 1.5], 4)
+    with pytest.raises(ValueError, match=">= 2 problems"):
+        between_problem_share([0.5], 4)

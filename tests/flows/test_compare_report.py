@@ -395,3 +395,33 @@ def test_escape_protocols_are_protocols_of_their_own(workspace):
     grpo = dict(zip(header, cells(report, "grpo")))
     assert grpo["greedy_escape vs SFT [95% CI]"].startswith("+0.250 [")
     assert grpo["greedy vs SFT [95% CI]"] == "+0.000 [0.000, 0.000]"
+
+
+def test_how_much_the_problem_decides_per_model_and_sampled_protocol(workspace):
+    """The share of an episode's success variance between problems: SFT's T=0.4 episodes succeed on
+    every even problem and never on an odd one (the problem decides all of it: var over problems with
+    ddof 1 over 0.25), PPO's two seeds the same, GRPO's always (no variance: '-'); with one episode per
+    problem the noise cannot be told apart and the section is left out."""
+    root, params = workspace
+    even = (np.arange(N) % 2 == 0).astype(float)
+    write_run(root, "sft", even, even / 2, t04=even)
+    for seed in (0, 1):
+        write_run(
+            root,
+            f"ppo-s{seed}",
+            even,
+            even / 2,
+            {},
+            {"train_wall_time_s": 1.0, "generated_tokens": 1},
+            t04=even,
+        )
+    report = Path(compare.table.fn(params)).read_text()
+    assert "## How much the problem decides" in report
+    header = cells(report, "model", which=-1)
+    assert header == ["model", "sampled at T=0.4, 2 per problem", "sampled at T=1, 2 per problem"]
+    share = f"{even.var(ddof=1) / 0.25:.3f}"
+    assert cells(report, "sft", which=-1)[1] == share
+    assert cells(report, "ppo", which=-1)[1] == f"{share} ({share} to {share})"
+    assert cells(report, "grpo", which=-1)[1:] == ["-", "-"]
+    one = params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"samples": 1})})
+    assert "## How much the problem decides" not in Path(compare.table.fn(one)).read_text()
