@@ -345,6 +345,9 @@ class AlgoParams(Section):
     # mean = G - mean (verl-agent's mean_norm; no division by a near-zero std).
     step_weight: float = Field(1.0, ge=0)
     step_norm: Literal["std", "mean"] = "std"
+    # DAPO's dynamic sampling for this algorithm alone (train.dynamic_sampling: null = that setting):
+    # e.g. true for GRPO and GiGPO while PPO and StepPO, one sample per prompt, go without.
+    dynamic_sampling: bool | None = None
 
     _preset_known = field_validator("preset")(_known("preset"))
     _estimator_known = field_validator("estimator")(_known("estimator"))
@@ -688,23 +691,32 @@ class Params(Section):
             )
         return self
 
+    def dynamic_sampling(self, algo: str) -> bool:
+        """Whether ``algo`` samples dynamically: ``algorithms.<algo>.dynamic_sampling`` where set, else
+        ``train.dynamic_sampling``."""
+        own = self.algorithms[algo].dynamic_sampling
+        return self.train.dynamic_sampling if own is None else own
+
+    def group_filter_key(self, algo: str) -> str | None:
+        """The params key that turns a prompt-group filter on for ``algo`` (None when none is on)."""
+        if self.train.std_filter_keep < 1.0:
+            return "train.std_filter_keep"
+        if self.algorithms[algo].dynamic_sampling:
+            return f"algorithms.{algo}.dynamic_sampling"
+        return "train.dynamic_sampling" if self.dynamic_sampling(algo) else None
+
     @model_validator(mode="after")
     def _group_filter_has_groups(self) -> Params:
-        t = self.train
-        if t.std_filter_keep == 1.0 and not t.dynamic_sampling:
-            return self
-        single = [
-            a
-            for a in self.compare.algorithms
-            if a in self.algorithms and self.algorithms[a].samples_per_prompt < 2
-        ]
-        if single:
-            which = "train.std_filter_keep" if t.std_filter_keep < 1.0 else "train.dynamic_sampling"
-            raise ValueError(
-                f"{which} picks prompt groups by the spread of their returns, but algorithms.{single[0]}."
-                "samples_per_prompt=1 samples groups of one: give it samples_per_prompt >= 2 or turn the "
-                "filter off (std_filter_keep: 1.0, dynamic_sampling: false)"
-            )
+        for a in self.compare.algorithms:
+            if a not in self.algorithms or self.algorithms[a].samples_per_prompt >= 2:
+                continue
+            which = self.group_filter_key(a)
+            if which is not None:
+                raise ValueError(
+                    f"{which} picks prompt groups by the spread of their returns, but algorithms.{a}."
+                    "samples_per_prompt=1 samples groups of one: give it samples_per_prompt >= 2 or turn "
+                    f"the filter off for it (std_filter_keep: 1.0, algorithms.{a}.dynamic_sampling: false)"
+                )
         return self
 
     @model_validator(mode="after")

@@ -142,10 +142,10 @@ def prompt_pool_note(params: Params, algo: str, pool: int) -> str | None:
             f"(the train split after sft.rows) holds {pool}: each iteration plays {pool} prompts, "
             f"{pool * spp} trajectories"
         )
-    bound = group_filter(params).bound(need)
+    bound = group_filter(params, algo).bound(need)
     if bound > pool:
         return (
-            f"train.dynamic_sampling / std_filter_keep may sample up to {bound} prompt groups per "
+            f"{params.group_filter_key(algo)} may sample up to {bound} prompt groups per "
             f"iteration, the RL prompt pool holds {pool}: an iteration stops sampling at {pool}"
         )
     return None
@@ -163,7 +163,7 @@ def rollout(
     spec = get_task(params.task)
     a, t, r = params.algorithms[algo], params.train, params.rollout
     need = prompts_per_iteration(params, algo)
-    rule = group_filter(params)
+    rule = group_filter(params, algo)
     rows = rl_prompts(pl.read_parquet(train_split), params).to_dicts()
     stream = random.Random(params.seed * 100_003 + k).sample(rows, min(rule.bound(need), len(rows)))
 
@@ -631,10 +631,10 @@ def main(params: str, algo: str, rl_seed: int) -> None:
         )
     # names and cross-field rules (e.g. group estimators need samples_per_prompt >= 2) were checked at load,
     # for the algorithms of compare.algorithms; one run by hand is checked here
-    if group_filter(p).active and p.algorithms[algo].samples_per_prompt < 2:
+    if group_filter(p, algo).active and p.algorithms[algo].samples_per_prompt < 2:
         raise StageError(
-            f"--algo {algo}: train.std_filter_keep={p.train.std_filter_keep} / train.dynamic_sampling="
-            f"{p.train.dynamic_sampling} pick prompt groups, but algorithms.{algo}.samples_per_prompt=1"
+            f"--algo {algo}: {p.group_filter_key(algo)} picks prompt groups, but "
+            f"algorithms.{algo}.samples_per_prompt=1"
         )
     critic = resolved(p, algo)["critic"] is not None
     check_gpu_memory(p, SFT, trained_models=1 + critic, reference=p.train.kl_coef > 0, rollout=True)

@@ -59,10 +59,12 @@ def critic_settings(params: Params) -> CriticSettings:
     )
 
 
-def group_filter(params: Params) -> GroupFilter:
+def group_filter(params: Params, algo: str) -> GroupFilter:
+    """The prompt-group filter of ``algo``'s runs: train.std_filter_keep, and dynamic sampling as
+    ``algorithms.<algo>.dynamic_sampling`` or else train.dynamic_sampling says."""
     t = params.train
     return GroupFilter(
-        keep=t.std_filter_keep, dynamic=t.dynamic_sampling, max_rounds=t.dynamic_sampling_rounds
+        keep=t.std_filter_keep, dynamic=params.dynamic_sampling(algo), max_rounds=t.dynamic_sampling_rounds
     )
 
 

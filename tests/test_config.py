@@ -17,7 +17,15 @@ RAW = yaml.safe_load(PARAMS.read_text())
 
 # AlgoParams fields params.yaml leaves out on purpose: null/default overrides of a preset, described in
 # the comment above `algorithms:` ("estimator, policy_loss, loss_agg ... dual-clip constant").
-OPTIONAL_ALGO_KEYS = {"estimator", "policy_loss", "loss_agg", "clip_ratio_c", "step_weight", "step_norm"}
+OPTIONAL_ALGO_KEYS = {
+    "estimator",
+    "policy_loss",
+    "loss_agg",
+    "clip_ratio_c",
+    "step_weight",
+    "step_norm",
+    "dynamic_sampling",
+}
 
 
 def raw(**changes) -> dict:
@@ -235,6 +243,10 @@ def test_every_bad_key_is_reported_at_once():
             ["train.std_filter_keep", "algorithms.ppo.samples_per_prompt=1", "samples_per_prompt >= 2"],
         ),
         ({"train.dynamic_sampling": True}, ["train.dynamic_sampling", "algorithms.ppo.samples_per_prompt=1"]),
+        (
+            {"algorithms.ppo.dynamic_sampling": True},
+            ["algorithms.ppo.dynamic_sampling picks", "algorithms.ppo.samples_per_prompt=1"],
+        ),
         ({"train.std_filter_keep": 0.0}, ["train.std_filter_keep", "greater than 0"]),
         ({"critic_warmup.held_out": 1.0}, ["critic_warmup.held_out", "less than 1"]),
         # an episode needs one turn per tool call and one for the answer
@@ -549,3 +561,26 @@ def test_episode_limits_are_run_episodes_keywords_with_the_rollout_values():
     limits = r.episode_limits()
     assert limits == {"max_steps": 7, "max_prompt_len": 300, "max_response_len": 20, "context_window": 2}
     assert set(limits) <= set(inspect.signature(run_episodes).parameters)
+
+
+def test_dynamic_sampling_per_algorithm():
+    """algorithms.<name>.dynamic_sampling overrides train.dynamic_sampling for that algorithm alone:
+    on for grpo beside a ppo of one sample per prompt (accepted, ppo stays off); train's setting on
+    with ppo's own off (accepted); unset, an algorithm follows train's."""
+    p = parse_params(raw(**{"algorithms.grpo.dynamic_sampling": True, "compare.algorithms": ["grpo", "ppo"]}))
+    assert (p.dynamic_sampling("grpo"), p.dynamic_sampling("ppo")) == (True, False)
+    assert (p.group_filter_key("grpo"), p.group_filter_key("ppo")) == (
+        "algorithms.grpo.dynamic_sampling",
+        None,
+    )
+    p = parse_params(
+        raw(
+            **{
+                "train.dynamic_sampling": True,
+                "algorithms.ppo.dynamic_sampling": False,
+                "compare.algorithms": ["grpo", "ppo"],
+            }
+        )
+    )
+    assert (p.dynamic_sampling("grpo"), p.dynamic_sampling("ppo")) == (True, False)
+    assert p.group_filter_key("grpo") == "train.dynamic_sampling"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from components.config import parse_params
 from flows.train import prompt_pool_note, prompts_per_iteration
+from flows.train_settings import group_filter
 from tests.test_config import RAW
 
 
@@ -31,3 +32,17 @@ def test_dynamic_samplings_rounds_beyond_the_pool_are_said():
     note = prompt_pool_note(params, "grpo", pool=need)
     assert f"up to {3 * need} prompt groups per iteration, the RL prompt pool holds {need}" in note
     assert prompt_pool_note(params, "grpo", pool=3 * need) is None
+
+
+def test_an_algorithms_own_dynamic_sampling_sets_its_runs_filter_and_is_named():
+    params = parse_params(RAW)
+    grpo = params.algorithms["grpo"].model_copy(update={"dynamic_sampling": True})
+    params = params.model_copy(update={"algorithms": {**params.algorithms, "grpo": grpo}})
+    params = params.model_copy(
+        update={"train": params.train.model_copy(update={"trajectories_per_iteration": 64})}
+    )
+    assert group_filter(params, "grpo").dynamic and not group_filter(params, "ppo").dynamic
+    need = prompts_per_iteration(params, "grpo")
+    assert prompt_pool_note(params, "grpo", pool=need).startswith(
+        "algorithms.grpo.dynamic_sampling may sample"
+    )
