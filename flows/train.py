@@ -77,8 +77,13 @@ Session = RLSession | Leader
 def algo_params(params: Params, algo: str, rl_seed: int) -> dict:
     """The MLflow params of a train run's algorithm under keys every algorithm shares (``algo.lr``,
     not ``algorithms.grpo.lr``), so runs of different algorithms line up in MLflow's Compare view:
-    its block of params.yaml with the preset's parts filled in, whether it trains a critic, its RL seed."""
-    block = {**params.algorithms[algo].model_dump(), **resolved(params, algo)}
+    its block of params.yaml with the preset's parts filled in (and ``dynamic_sampling`` as the run
+    does it, its own or train's), whether it trains a critic, its RL seed."""
+    block = {
+        **params.algorithms[algo].model_dump(),
+        **resolved(params, algo),
+        "dynamic_sampling": params.dynamic_sampling(algo),
+    }
     return {"algo.name": algo, **{f"algo.{k}": v for k, v in block.items()}, "algo.rl_seed": rl_seed}
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from components.config import parse_params
-from flows.train import prompt_pool_note, prompts_per_iteration
+from flows.train import algo_params, prompt_pool_note, prompts_per_iteration
 from flows.train_settings import group_filter
 from tests.test_config import RAW
 
@@ -42,6 +42,9 @@ def test_an_algorithms_own_dynamic_sampling_sets_its_runs_filter_and_is_named():
         update={"train": params.train.model_copy(update={"trajectories_per_iteration": 64})}
     )
     assert group_filter(params, "grpo").dynamic and not group_filter(params, "ppo").dynamic
+    # MLflow's algo.dynamic_sampling is what the run does, not the null of an unset key
+    assert algo_params(params, "grpo", 0)["algo.dynamic_sampling"] is True
+    assert algo_params(params, "ppo", 0)["algo.dynamic_sampling"] is False
     need = prompts_per_iteration(params, "grpo")
     assert prompt_pool_note(params, "grpo", pool=need).startswith(
         "algorithms.grpo.dynamic_sampling may sample"
