@@ -159,6 +159,7 @@ def _estimates(params: Params) -> dict:
     return {
         "runs": runs,
         "sft": _load("eval_sft.json"),
+        "sft_problems": sft_problems,
         "kinds": protocols,
         "loops": loops,
         "n_problems": len(ids),
@@ -457,7 +458,7 @@ def _share_table(params: Params, est: dict) -> list[str]:
     lines = [_row(head), _row(["---"] * len(head))]
     for model in ["sft", *params.compare.algorithms]:
         tables = (
-            [_problems("sft")]
+            [est["sft_problems"]]
             if model == "sft"
             else [est["runs"][params.compare.run_name(model, s)]["problems"] for s in params.compare.seeds]
         )
