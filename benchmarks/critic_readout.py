@@ -33,7 +33,8 @@ from transformers import AutoTokenizer
 
 from components.config import load_params
 from components.train.critic import build_critic
-from components.train.critic_fit import value_targets
+from components.train.critic_fit import explained_variance, value_targets
+from components.train.policy import make_token_batch
 from flows import REPO
 from flows.critic_warmup import rollout, split_trajectories
 from flows.train import SFT
@@ -77,16 +78,12 @@ def features(model_dir, rows, bs=32):
     out = {"last": [], "last_all_layers": [], "mean_prompt": [], "mean_last64": []}
     with torch.no_grad():
         for i in range(0, len(rows), bs):
-            chunk = [list(r["prompt_ids"]) for r in rows[i : i + bs]]
-            T = max(map(len, chunk))
-            ids = torch.zeros((len(chunk), T), dtype=torch.long)
-            mask = torch.zeros((len(chunk), T), dtype=torch.long)
-            for j, p in enumerate(chunk):
-                ids[j, : len(p)] = torch.tensor(p)
-                mask[j, : len(p)] = 1
-            o = backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            chunk = [r["prompt_ids"] for r in rows[i : i + bs]]
+            # the rows as the critic reads them: value_pos is each prompt's last token
+            batch = make_token_batch(chunk, [[] for _ in chunk], pad_id=0, pack=False)
+            mask, last, T = batch.attention_mask, batch.value_pos, batch.input_ids.size(1)
+            o = backbone(input_ids=batch.input_ids, attention_mask=mask, output_hidden_states=True)
             hs = o.hidden_states  # (layers+1) x (B, T, H)
-            last = mask.sum(1) - 1
             b = torch.arange(len(chunk))
             out["last"].append(hs[-1][b, last])
             out["last_all_layers"].append(torch.cat([h[b, last] for h in hs[1:]], dim=-1))
@@ -99,7 +96,9 @@ def features(model_dir, rows, bs=32):
 
 
 def ev(y, v):
-    return float(1 - np.var(y - v) / np.var(y))
+    return explained_variance(
+        torch.as_tensor(y, dtype=torch.float64), torch.as_tensor(v, dtype=torch.float64)
+    )
 
 
 def ridge(Xtr, ytr, Xs, ys, Xr, yr):
@@ -119,7 +118,8 @@ results = {
     "episodes": args.episodes,
     "temperature": params.train.temperature,
     "rows": {k: len(v) for k, v in splits.items()},
-    "success": float(np.mean([r.get("correct", False) for r in steps])),
+    "success_rate": len({r["traj_id"] for r in steps if r.get("correct")})
+    / len({r["traj_id"] for r in steps}),
 }
 for name, model_dir in [(n, SFT if n == "sft" else REPO / "models" / "base") for n in args.models.split(",")]:
     t0 = time.time()
