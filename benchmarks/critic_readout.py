@@ -28,7 +28,6 @@ import time
 
 import numpy as np
 import torch
-import yaml
 from transformers import AutoTokenizer
 
 from components.config import load_params
@@ -47,8 +46,7 @@ ap.add_argument("--models", default="sft,base")
 ap.add_argument("--out", default=None)
 args = ap.parse_args()
 
-raw = yaml.safe_load((REPO / "params.yaml").read_text())
-over = dict(raw["profiles"]["babyai"])
+over = dict(load_params(REPO / "params.yaml").profiles["babyai"])
 over["critic_warmup.episodes"] = args.episodes
 if args.temperature is not None:
     over["train.temperature"] = args.temperature
