@@ -114,6 +114,7 @@ class ModelParams(Section):
     num_kv_heads: int = Field(2, ge=1)
     head_dim: int = Field(32, ge=8)
     max_position_embeddings: int = Field(1024, ge=64)
+    tie_embeddings: bool = True
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelParams:

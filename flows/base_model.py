@@ -46,6 +46,7 @@ def build_default(params: Params) -> str:
         head_dim=m.head_dim,
         max_position_embeddings=m.max_position_embeddings,
         seed=params.seed,
+        tie_embeddings=m.tie_embeddings,
     )
     n = sum(p.numel() for p in model.parameters())
     print(f"embedded default: vocab {len(tokenizer)}, {n / 1e6:.2f}M parameters")

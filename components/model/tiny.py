@@ -2,7 +2,7 @@
 
 What it does:
 - ``build_tiny_model``: a randomly initialised, seeded Qwen3-architecture causal LM sized by flat
-  arguments, with tied input/output embeddings, special-token ids taken from the tokenizer and a
+  arguments, with tied input/output embeddings (or untied), special-token ids taken from the tokenizer and a
   generation config whose EOS is the tokenizer's end-of-turn token (``<|im_end|>`` for ours), so greedy
   generation stops at the end of an assistant turn in transformers and in vLLM alike.
 - ``save_hf``: writes model + tokenizer (+ generation config) into a temporary sibling directory,
@@ -63,8 +63,12 @@ def build_tiny_model(
     head_dim: int,
     max_position_embeddings: int,
     seed: int,
+    tie_embeddings: bool = True,
 ) -> Qwen3ForCausalLM:
     """A seeded, randomly initialised Qwen3 causal LM whose vocabulary is ``len(tokenizer)``.
+
+    ``tie_embeddings``: one matrix for the input embeddings and the output layer (as Qwen3's small
+    models), or two.
 
     The global torch RNG is left as it was (initialisation runs under a forked RNG).
     """
@@ -102,7 +106,7 @@ def build_tiny_model(
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_embeddings,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,

@@ -60,6 +60,16 @@ def test_build_shapes_ids_and_tied_embeddings(tok, model):
     assert logits.shape == (1, 3, len(tok))
 
 
+def test_untied_embeddings_are_two_matrices_and_stay_two_through_save_and_load(tok, tmp_path):
+    untied = build_tiny_model(tok, **SIZES, seed=0, tie_embeddings=False)
+    assert not untied.config.tie_word_embeddings
+    assert untied.lm_head.weight is not untied.model.embed_tokens.weight
+    assert not torch.equal(untied.lm_head.weight, untied.model.embed_tokens.weight)
+    loaded, _ = load_hf(save_hf(untied, tok, tmp_path / "untied"))
+    assert not loaded.config.tie_word_embeddings and _state_equal(loaded, untied)
+    assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight
+
+
 def test_build_is_seeded_and_leaves_global_rng_alone(tok, model):
     torch.manual_seed(123)
     expected_next = torch.rand(3)
