@@ -2,9 +2,10 @@
 
 What it does:
 - ``build_tiny_model``: a randomly initialised, seeded Qwen3-architecture causal LM sized by flat
-  arguments, with tied input/output embeddings (or untied), special-token ids taken from the tokenizer and a
-  generation config whose EOS is the tokenizer's end-of-turn token (``<|im_end|>`` for ours), so greedy
-  generation stops at the end of an assistant turn in transformers and in vLLM alike.
+  arguments, with tied input/output embeddings (or untied), special-token ids taken from the
+  tokenizer and a generation config whose EOS is the tokenizer's end-of-turn token (``<|im_end|>``
+  for ours), so greedy generation stops at the end of an assistant turn in transformers and in vLLM
+  alike.
 - ``save_hf``: writes model + tokenizer (+ generation config) into a temporary sibling directory,
   fsyncs them, writes the completion marker ``steprl_complete.json`` (file names and sizes) last, and
   only then renames the directory into place. An interrupted write leaves a hidden ``.<name>.tmp-*``

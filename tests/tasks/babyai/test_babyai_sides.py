@@ -36,9 +36,9 @@ def test_goal_case(observation, case):
 class SaysLeftAfterTurn(torch.nn.Module):
     """Logits that favour " left" where the last input token is "turn" and " right" everywhere else."""
 
-    def __init__(self, model, turn: int, left: int, right: int):
+    def __init__(self, model, turn: int, left: int):
         super().__init__()
-        self.model, self.turn, self.left, self.right = model, turn, left, right
+        self.model, self.turn, self.left = model, turn, left
 
     def forward(self, ids):
         logits = torch.zeros(ids.shape[0], ids.shape[1], self.model.config.vocab_size)
@@ -61,7 +61,7 @@ def test_the_probe_reads_the_side_token_of_every_turn(tmp_path):
                             head_dim=16, max_position_embeddings=1024, seed=0)  # fmt: skip
     ids = {w: tok.encode(w, add_special_tokens=False) for w in ("turn", " left", " right")}
     assert all(len(v) == 1 for v in ids.values())
-    model = SaysLeftAfterTurn(base, ids["turn"][0], ids[" left"][0], ids[" right"][0])
+    model = SaysLeftAfterTurn(base, ids["turn"][0], ids[" left"][0])
     out = side_probe(model, tok, rows, spec, window=2, max_len=1024)
     turns = [
         (goal_case(obs["content"]), "left" if "left" in act["content"] else "right")
