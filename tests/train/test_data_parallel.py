@@ -1,8 +1,9 @@
 """Data parallel on 2 CPU processes: the same global batch gives the same weights with 1 or 2 ranks.
 
-Each case runs in spawned processes (components.train.launch.run_local: a FileStore world, gloo on
+The cases run in spawned processes (components.train.launch.run_local: a FileStore world, gloo on
 loopback, the real DeepSpeed engine): one SFT step (run_sft) and one GRPO actor update (actor_update)
-and one critic update, from the same tiny model and the same batch, at world size 1 and 2. Every rank
+and one critic update, from the same tiny model and the same batch, at world size 1 and 2 (one world
+of each size for the three cases, each with its own engine: starting a world costs more than a step). Every rank
 passes the whole batch and trains its share of the micro-batches (components.train.engine.train_step).
 Tolerance: train_helpers.assert_weights_match, the project's rule for Adam steps from gradients equal
 up to float reassociation (here the two ranks' sums are added in another order): every weight within
@@ -60,56 +61,65 @@ def _model(what: str) -> torch.nn.Module:
         return build_critic(d)
 
 
-def _step(rank: int, what: str, out: str, drop_rank: int) -> None:
-    """One optimizer step of ``what`` on this rank; rank 0 saves the weights and metrics to ``out``."""
-    from components.train.engine import build_engine
-    from components.train.sft import run_sft, split_micro_batches
-
-    model = _model(what)
-    engine = build_engine(model, dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)
-    if rank == drop_rank:  # the negative control: this rank's gradients never reach the all-reduce
-        backward = engine.backward
-        engine.backward = lambda loss, **kw: backward(loss * 0.0, **kw)
-    if what == "sft":
-        micro = split_micro_batches(random_batch(8, seed=3), 2)  # 4 micro-batches: 2 per rank
-        metrics = run_sft(engine, iter([micro]), steps=1, progress=False)[0]
-    else:
-        kw = dict(mini_batch_size=10_000, micro_batch_size=3)
-        if what == "grpo":
-            metrics = run_actor_update(engine, _grpo_rows(), **ACTOR_KW, **kw)
-        else:
-            rows = [{**r, "returns": [float(a) for a in r["advantages"]]} for r in _grpo_rows()]
-            metrics = run_critic_update(
-                engine, rows, pad_id=0, per_step=False, value_clip=0.5, epochs=1, seed=0, **kw
-            )
-    if rank == 0:
-        torch.save({"weights": full_weights(engine), "metrics": metrics}, out)
-
-
-def _run(tmp_path, what: str, world: int, drop_rank: int = -1) -> dict:
-    out = tmp_path / f"{what}-w{world}-drop{drop_rank}.pt"
-    run_local(world, _step, (what, str(out), drop_rank))
-    return torch.load(out)
-
-
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize(
-    "what, metric",
-    [("sft", "loss"), ("grpo", "entropy"), ("critic", "vf_loss")],
-)
-def test_two_ranks_give_the_weights_of_one(tmp_path, what, metric):
-    one, two = _run(tmp_path, what, 1), _run(tmp_path, what, 2)
+WHATS = ("sft", "grpo", "critic")
+
+
+def _steps(rank: int, out_dir: str, drop_rank: int) -> None:
+    """One optimizer step of each of WHATS on this rank, each from a fresh model and engine (one world
+    for all three: a world's start costs more than its steps); rank 0 saves each one's weights and
+    metrics to ``out_dir/<what>.pt``."""
+    from components.train.engine import build_engine
+    from components.train.sft import run_sft, split_micro_batches
+
+    # every model before the first engine: once the world is up, transformers' save_pretrained (which
+    # build_critic's temporary copy goes through) writes its config on rank 0 only
+    models = {what: _model(what) for what in WHATS}
+    for what in WHATS:
+        engine = build_engine(models[what], dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)
+        if rank == drop_rank:  # the negative control: this rank's gradients never reach the all-reduce
+            backward = engine.backward
+            engine.backward = lambda loss, _backward=backward, **kw: _backward(loss * 0.0, **kw)
+        if what == "sft":
+            micro = split_micro_batches(random_batch(8, seed=3), 2)  # 4 micro-batches: 2 per rank
+            metrics = run_sft(engine, iter([micro]), steps=1, progress=False)[0]
+        else:
+            kw = dict(mini_batch_size=10_000, micro_batch_size=3)
+            if what == "grpo":
+                metrics = run_actor_update(engine, _grpo_rows(), **ACTOR_KW, **kw)
+            else:
+                rows = [{**r, "returns": [float(a) for a in r["advantages"]]} for r in _grpo_rows()]
+                metrics = run_critic_update(
+                    engine, rows, pad_id=0, per_step=False, value_clip=0.5, epochs=1, seed=0, **kw
+                )
+        if rank == 0:
+            torch.save({"weights": full_weights(engine), "metrics": metrics}, f"{out_dir}/{what}.pt")
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory) -> dict[str, dict]:
+    """Each of WHATS stepped at world size 1, 2, and 2 with rank 1's gradients dropped: three worlds."""
+    out = {}
+    for name, world, drop_rank in (("one", 1, -1), ("two", 2, -1), ("dropped", 2, 1)):
+        d = tmp_path_factory.mktemp(name)
+        run_local(world, _steps, (str(d), drop_rank))
+        out[name] = {what: torch.load(d / f"{what}.pt") for what in WHATS}
+    return out
+
+
+@pytest.mark.parametrize("what, metric", [("sft", "loss"), ("grpo", "entropy"), ("critic", "vf_loss")])
+def test_two_ranks_give_the_weights_of_one(worlds, what, metric):
+    one, two, dropped = (worlds[name][what] for name in ("one", "two", "dropped"))
     start = {k: p.detach().float().clone() for k, p in _model(what).named_parameters()}
     moved = _max_diff(one["weights"], start)
     assert moved > 1e-3, f"{what}: the step barely moved the weights ({moved}); the check would be empty"
     assert_weights_match(two["weights"], one["weights"], lr=LR, steps=1)
     assert one["metrics"]["n_micro_batches"] == two["metrics"]["n_micro_batches"] > 2
     assert two["metrics"][metric] == pytest.approx(one["metrics"][metric], rel=1e-6)
-    dropped = _run(tmp_path, what, 2, drop_rank=1)
     with pytest.raises(AssertionError, match="weight"):
         assert_weights_match(dropped["weights"], one["weights"], lr=LR, steps=1)
 
