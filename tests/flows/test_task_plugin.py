@@ -13,6 +13,11 @@ import pytest
 
 from tests.flows.workspace import make_workspace, run
 
+# Four stage processes, about 2.5 minutes on 2 cores: a second end-to-end pass beside
+# test_pipeline_e2e's, so outside the default run (`make test-all`); the toy task's own pieces are
+# tested fast in tests/tasks/test_toy_task.py.
+pytestmark = pytest.mark.slow
+
 TOY = {
     "task": "toy",
     "plugins": ["tests.tasks.toy_task"],
