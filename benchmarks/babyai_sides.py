@@ -14,7 +14,7 @@ room); and by the bot's side. A model that reads the observation puts p(left) hi
 turns left and low where it turns right, at least where the goal is beside it; one that has learnt
 only the marginal shows the same p(left) in every row. Also printed: the cosine of the input
 embeddings of " left" and " right" (the embedded default ties them to the output layer).
-docs/tasks/babyai.md, "Left and right", has the figures of 2026-11-28.
+docs/tasks/babyai.md, "Left and right", has the figures of 2026-11-28 and -29.
 """
 
 from __future__ import annotations
