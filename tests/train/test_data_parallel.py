@@ -69,35 +69,40 @@ def _max_diff(a: dict, b: dict) -> float:
 WHATS = ("sft", "grpo", "critic")
 
 
-def _steps(rank: int, out_dir: str, drop_rank: int) -> None:
-    """One optimizer step of each of WHATS on this rank, each from a fresh model and engine (one world
-    for all three: a world's start costs more than its steps); rank 0 saves each one's weights and
-    metrics to ``out_dir/<what>.pt``."""
+def _step(rank: int, what: str, out: str, drop_rank: int, model: torch.nn.Module | None = None) -> None:
+    """One optimizer step of ``what`` on this rank (of ``model``, or a fresh ``_model(what)``); rank 0
+    saves the weights and metrics to ``out``. tests/train/torchrun_world.py runs it under torchrun."""
     from components.train.engine import build_engine
     from components.train.sft import run_sft, split_micro_batches
 
-    # every model before the first engine: once the world is up, transformers' save_pretrained (which
-    # build_critic's temporary copy goes through) writes its config on rank 0 only
+    engine = build_engine(model or _model(what), dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)
+    if rank == drop_rank:  # the negative control: this rank's gradients never reach the all-reduce
+        backward = engine.backward
+        engine.backward = lambda loss, **kw: backward(loss * 0.0, **kw)
+    if what == "sft":
+        micro = split_micro_batches(random_batch(8, seed=3), 2)  # 4 micro-batches: 2 per rank
+        metrics = run_sft(engine, iter([micro]), steps=1, progress=False)[0]
+    else:
+        kw = dict(mini_batch_size=10_000, micro_batch_size=3)
+        if what == "grpo":
+            metrics = run_actor_update(engine, _grpo_rows(), **ACTOR_KW, **kw)
+        else:
+            rows = [{**r, "returns": [float(a) for a in r["advantages"]]} for r in _grpo_rows()]
+            metrics = run_critic_update(
+                engine, rows, pad_id=0, per_step=False, value_clip=0.5, epochs=1, seed=0, **kw
+            )
+    if rank == 0:
+        torch.save({"weights": full_weights(engine), "metrics": metrics}, out)
+
+
+def _steps(rank: int, out_dir: str, drop_rank: int) -> None:
+    """``_step`` of each of WHATS in one world (a world's start costs more than its steps), each with
+    its own engine, to ``out_dir/<what>.pt``. Every model is built before the first engine: once the
+    world is up, transformers' save_pretrained (which build_critic's temporary copy goes through)
+    writes its config on rank 0 only."""
     models = {what: _model(what) for what in WHATS}
     for what in WHATS:
-        engine = build_engine(models[what], dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)
-        if rank == drop_rank:  # the negative control: this rank's gradients never reach the all-reduce
-            backward = engine.backward
-            engine.backward = lambda loss, _backward=backward, **kw: _backward(loss * 0.0, **kw)
-        if what == "sft":
-            micro = split_micro_batches(random_batch(8, seed=3), 2)  # 4 micro-batches: 2 per rank
-            metrics = run_sft(engine, iter([micro]), steps=1, progress=False)[0]
-        else:
-            kw = dict(mini_batch_size=10_000, micro_batch_size=3)
-            if what == "grpo":
-                metrics = run_actor_update(engine, _grpo_rows(), **ACTOR_KW, **kw)
-            else:
-                rows = [{**r, "returns": [float(a) for a in r["advantages"]]} for r in _grpo_rows()]
-                metrics = run_critic_update(
-                    engine, rows, pad_id=0, per_step=False, value_clip=0.5, epochs=1, seed=0, **kw
-                )
-        if rank == 0:
-            torch.save({"weights": full_weights(engine), "metrics": metrics}, f"{out_dir}/{what}.pt")
+        _step(rank, what, f"{out_dir}/{what}.pt", drop_rank, model=models[what])
 
 
 @pytest.fixture(scope="module")
