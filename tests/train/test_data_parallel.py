@@ -75,7 +75,8 @@ def _step(rank: int, what: str, out: str, drop_rank: int, model: torch.nn.Module
     from components.train.engine import build_engine
     from components.train.sft import run_sft, split_micro_batches
 
-    engine = build_engine(model or _model(what), dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)
+    model = model if model is not None else _model(what)
+    engine = build_engine(model, dtype="fp32", micro_batch_size=2, **RL_ENGINE_KW)
     if rank == drop_rank:  # the negative control: this rank's gradients never reach the all-reduce
         backward = engine.backward
         engine.backward = lambda loss, **kw: backward(loss * 0.0, **kw)
