@@ -147,13 +147,18 @@ def trajectory_chunks(rows: Sequence[dict[str, Any]], size: int) -> list[list[in
     return [[i for t in g for i in t] for g in _fill(_rows_by_trajectory(rows), size)]
 
 
+def _traj_id(rows: Sequence[dict[str, Any]], i: int) -> str:
+    """Row i's trajectory (a row without ``traj_id`` is a trajectory of its own)."""
+    t = rows[i].get("traj_id")
+    return f"row-{i}" if t is None else str(t)
+
+
 def _rows_by_trajectory(rows: Sequence[dict[str, Any]]) -> list[list[int]]:
     """Row indices of each trajectory, in order of first appearance (a row without ``traj_id`` is a
     trajectory of its own)."""
     by_traj: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        t = r.get("traj_id")
-        by_traj.setdefault(f"row-{i}" if t is None else str(t), []).append(i)
+    for i in range(len(rows)):
+        by_traj.setdefault(_traj_id(rows, i), []).append(i)
     return list(by_traj.values())
 
 
@@ -186,12 +191,16 @@ def actor_update(
             step_tensors([rows[i] for i in idx], pad_id, per_step_values=False, share_prefix=True)
             for idx in plan
         ]
+        traj_ids = {id(m): [_traj_id(rows, i) for i in idx] for m, idx in zip(micro, plan)}
         norms = loss_normalisers(
-            response_masks=[m.batch.response_mask for m in micro], norm_const=a.norm_const
+            response_masks=[m.batch.response_mask for m in micro],
+            norm_const=a.norm_const,
+            traj_ids=list(traj_ids.values()),
         )
         tokens = max(norms["global_tokens"], 1.0)
 
         def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
+            ids = traj_ids[id(m)]  # before to_device, which makes a new object
             m = to_device(m, model_device(eng.module))  # built on the CPU by step_tensors
             mask = m.batch.response_mask
             logp, entropy = response_logprobs(
@@ -206,7 +215,7 @@ def actor_update(
                 clip_high=a.clip_high,
                 clip_ratio_c=a.clip_ratio_c,
             )
-            pg_loss = aggregate_loss(loss=pg, response_mask=mask, mode=a.loss_agg, **norms)
+            pg_loss = aggregate_loss(loss=pg, response_mask=mask, mode=a.loss_agg, traj_ids=ids, **norms)
             loss = pg_loss
             share = mask.sum() / tokens  # this micro-batch's share of the mini-batch's tokens
             metrics = {"pg_loss": pg_loss.detach()}
@@ -216,7 +225,7 @@ def actor_update(
                 metrics["logprob_gap"] = ((logp.detach() - m.old_logp).abs() * mask).sum() / tokens
             if a.entropy_coef > 0:
                 loss = loss - a.entropy_coef * aggregate_loss(
-                    loss=entropy, response_mask=mask, mode=a.loss_agg, **norms
+                    loss=entropy, response_mask=mask, mode=a.loss_agg, traj_ids=ids, **norms
                 )
             if a.kl_coef > 0 and m.ref_logp is not None:
                 kl = kl_penalty(logp=logp, ref_logp=m.ref_logp, response_mask=mask, kind=a.kl_kind)

@@ -24,6 +24,7 @@ MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
         ("seq-mean-token-mean", (1.5 + 5.0) / 2),  # row means 1.5 and 5 over 2 non-empty rows = 3.25
         ("seq-mean-token-sum", (3.0 + 15.0) / 2),  # row sums 3 and 15 over 2 rows = 9
         ("seq-mean-token-sum-norm", 18.0 / 4),  # all valid tokens / norm_const 4 = 4.5
+        ("traj-mean-token-mean", (1.5 + 5.0) / 2),  # without trajectory ids a row is a trajectory
     ],
 )
 def test_modes_by_hand(mode, want):
@@ -33,6 +34,30 @@ def test_modes_by_hand(mode, want):
     norms = loss_normalisers(response_masks=MASK, norm_const=4)
     assert norms["global_tokens"] == 5 and norms["global_rows"] == 2
     assert aggregate_loss(loss=LOSS, response_mask=MASK, mode=mode, **norms).item() == pytest.approx(want)
+
+
+def test_traj_mean_token_mean_by_hand():
+    # rows 0 and 1 one trajectory (tokens 1, 2, 4, 5, 6: mean 3.6), row 2 (empty) another, which
+    # has no valid token and does not count: one trajectory, loss 3.6
+    got = aggregate_loss(loss=LOSS, response_mask=MASK, mode="traj-mean-token-mean", traj_ids=["a", "a", "b"])
+    assert got.item() == pytest.approx(3.6)
+    # a long failed episode and a short solved one weigh the same: a 3-turn trajectory of loss 1 per
+    # token and a 1-turn trajectory of loss -1 give 0, where token-mean gives (3 - 1) / 4 = 0.5
+    loss = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [-1.0, -1.0]], dtype=F64)
+    mask = torch.ones(4, 2)
+    ids = ["fail", "fail", "fail", "solved"]
+    assert (
+        aggregate_loss(loss=loss, response_mask=mask, mode="traj-mean-token-mean", traj_ids=ids).item() == 0.0
+    )
+    assert aggregate_loss(loss=loss, response_mask=mask, mode="token-mean").item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="traj_ids: 2 ids for 4 rows"):
+        aggregate_loss(loss=loss, response_mask=mask, mode="traj-mean-token-mean", traj_ids=ids[:2])
+    norms = loss_normalisers(response_masks=mask, traj_ids=ids)
+    assert norms["traj_tokens"] == {"fail": 6.0, "solved": 2.0}
+    with pytest.raises(ValueError, match=r"traj_ids \['other'\] are not in traj_tokens"):
+        aggregate_loss(
+            loss=loss[:1], response_mask=mask[:1], mode="traj-mean-token-mean", traj_ids=["other"], **norms
+        )
 
 
 def test_aggregation_errors_and_empty():
@@ -49,8 +74,13 @@ def test_aggregation_errors_and_empty():
         assert aggregate_loss(loss=LOSS[:2], response_mask=empty, mode=mode, norm_const=3).item() == 0.0
 
 
-def _microbatch_loss(loss_name: str, mode: str, n_micro: int, *, global_counts: bool = True):
-    """Sum of micro-batch losses (each backward-ed) and the gradient on the shared logits."""
+# trajectories of the 8 rows of _microbatch_loss: "b" and "c" span micro-batches of 4 and 2 rows
+TRAJS = ["a", "a", "a", "b", "b", "c", "c", "d"]
+
+
+def _microbatch_loss(loss_name: str, mode: str, n_micro: int, *, global_counts: bool = True, trajs=None):
+    """Sum of micro-batch losses (each backward-ed) and the gradient on the shared logits; ``trajs``
+    names each row's trajectory (None: no trajectory ids)."""
     g = torch.Generator().manual_seed(7)
     B, L, V = 8, 6, 5
     logits = torch.randn(B, L, V, generator=g, dtype=F64).requires_grad_()
@@ -59,38 +89,43 @@ def _microbatch_loss(loss_name: str, mode: str, n_micro: int, *, global_counts: 
     old = torch.randn(B, L, generator=g, dtype=F64) * 0.1 - 1.7
     adv = torch.randn(B, L, generator=g, dtype=F64) * mask
     chunks = torch.arange(B).chunk(n_micro)
+    ids = [None if trajs is None else [trajs[i] for i in idx.tolist()] for idx in chunks]
     norms = (
-        loss_normalisers(response_masks=[mask[i] for i in chunks], norm_const=L)
+        loss_normalisers(
+            response_masks=[mask[i] for i in chunks], norm_const=L, traj_ids=None if trajs is None else ids
+        )
         if global_counts
         else {"norm_const": L}
     )
     total = torch.zeros((), dtype=F64)
-    for idx in chunks:
+    for j, idx in enumerate(chunks):
         logp = torch.log_softmax(logits[idx], -1).gather(-1, tokens[idx, :, None]).squeeze(-1)  # (b, L)
         loss, _ = POLICY_LOSSES[loss_name](logp=logp, old_logp=old[idx], advantages=adv[idx], response_mask=mask[idx],
                                            clip_low=0.2, clip_high=0.3, clip_ratio_c=3.0)  # fmt: skip
-        part = aggregate_loss(loss=loss, response_mask=mask[idx], mode=mode, **norms)
+        part = aggregate_loss(loss=loss, response_mask=mask[idx], mode=mode, traj_ids=ids[j], **norms)
         part.backward()
         total += part.detach()
     return total, logits.grad
 
 
+@pytest.mark.parametrize("trajs", [None, TRAJS], ids=["rows", "trajectories"])
 @pytest.mark.parametrize("mode", AGG_MODES)
 @pytest.mark.parametrize("loss_name", sorted(POLICY_LOSSES))
-def test_microbatch_accumulation_invariance(loss_name, mode):
+def test_microbatch_accumulation_invariance(loss_name, mode, trajs):
     # n_micro = 1 with global_counts=False is the plain full-batch loss (this batch's own counts)
-    full, grad_full = _microbatch_loss(loss_name, mode, 1, global_counts=False)
+    full, grad_full = _microbatch_loss(loss_name, mode, 1, global_counts=False, trajs=trajs)
     assert grad_full.abs().sum() > 0
     for n in (1, 2, 4):
-        acc, grad = _microbatch_loss(loss_name, mode, n)
+        acc, grad = _microbatch_loss(loss_name, mode, n, trajs=trajs)
         torch.testing.assert_close(acc, full, atol=1e-6, rtol=0)
         torch.testing.assert_close(grad, grad_full, atol=1e-6, rtol=0)
 
 
-def test_local_counts_would_break_invariance():
-    # the control: dividing each micro-batch by its own token count is NOT the full-batch loss
-    full, _ = _microbatch_loss("ppo", "token-mean", 1, global_counts=False)
-    local, _ = _microbatch_loss("ppo", "token-mean", 4, global_counts=False)
+@pytest.mark.parametrize("mode, trajs", [("token-mean", None), ("traj-mean-token-mean", TRAJS)])
+def test_local_counts_would_break_invariance(mode, trajs):
+    # the control: dividing each micro-batch by its own counts is NOT the full-batch loss
+    full, _ = _microbatch_loss("ppo", mode, 1, global_counts=False, trajs=trajs)
+    local, _ = _microbatch_loss("ppo", mode, 4, global_counts=False, trajs=trajs)
     assert abs(local.item() - full.item()) > 1e-3
 
 

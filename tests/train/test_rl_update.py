@@ -125,12 +125,34 @@ def test_actor_update_raises_logprob_of_positive_advantage_and_lowers_negative()
 
 def test_actor_update_does_not_depend_on_micro_batch_size():
     rows = with_old_logprobs(trajectories(8, seed=4), lambda r: (int(r["traj_id"][1:]) % 5 - 2) / 2)
-    for agg in ("token-mean", "seq-mean-token-mean"):
+    for agg in ("token-mean", "seq-mean-token-mean", "traj-mean-token-mean"):
         _, ga = _update(rows, micro=1, loss_agg=agg)
         _, gb = _update(rows, micro=64, loss_agg=agg)
         assert ga.keys() == gb.keys() and ga
         for name in ga:
             assert torch.allclose(ga[name], gb[name], atol=1e-7, rtol=1e-4), (agg, name)
+
+
+def test_traj_mean_weighs_each_trajectory_the_same_through_the_update():
+    # At ratio 1 the PPO gradient is linear in the advantages, so traj-mean-token-mean on advantages A
+    # is token-mean on A * tokens / (trajectories * the row's trajectory's tokens); trajectories of
+    # 1-3 steps split over micro-batches of 1 row (the ids must reach every micro-batch's loss).
+    rows = with_old_logprobs(trajectories(8, seed=6), lambda r: (int(r["traj_id"][1:]) % 3 - 1) * 1.0)
+    tokens = {}
+    for r in rows:
+        tokens[r["traj_id"]] = tokens.get(r["traj_id"], 0) + len(r["response_ids"])
+    total, n = sum(tokens.values()), len(tokens)
+    assert len(set(tokens.values())) > 1  # trajectories of different lengths: the modes differ
+    scaled = [
+        {**r, "advantages": [a * total / (n * tokens[r["traj_id"]]) for a in r["advantages"]]} for r in rows
+    ]
+    _, g_traj = _update(rows, micro=1, loss_agg="traj-mean-token-mean")
+    _, g_tok = _update(scaled, micro=3, loss_agg="token-mean")
+    _, g_plain = _update(rows, micro=3, loss_agg="token-mean")
+    assert g_traj.keys() == g_tok.keys() and g_traj
+    for name in g_traj:
+        assert torch.allclose(g_traj[name], g_tok[name], atol=1e-7, rtol=1e-4), name
+    assert any(not torch.allclose(g_traj[k], g_plain[k], atol=1e-6, rtol=1e-3) for k in g_traj)
 
 
 def test_detached_old_logprobs_are_the_exact_ones_whatever_the_rows_say():
