@@ -87,7 +87,13 @@ def test_every_registry_is_the_one_type():
         with pytest.raises(UnknownNameError, match=rf"unknown {reg.kind} 'zzz'; valid: \["):
             reg.get("zzz")
     assert AGG_MODES.names() == sorted(
-        ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+        [
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+            "traj-mean-token-mean",
+        ]
     )
     assert "grpo" in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS["grpo"].needs_groups
     assert "nope" not in PRESETS and 3 not in PRESETS
