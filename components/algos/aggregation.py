@@ -37,14 +37,14 @@ __all__ = ["AGG_MODES", "Counts", "aggregate_loss", "loss_normalisers"]
 
 @dataclass(frozen=True)
 class Counts:
-    """What a mode divides by: the whole mini-batch's counts where given (None: this batch's own)."""
+    """What a mode divides by: the whole mini-batch's counts where given, else this batch's own."""
 
     mask: Tensor  # (B, L) bool
-    global_tokens: float | None
-    global_rows: float | None
+    tokens: float  # valid tokens
+    rows: float  # rows with a valid token
     norm_const: float | None
-    row_traj_tokens: Tensor  # (B,) valid tokens of each row's trajectory (in the whole mini-batch)
-    global_trajs: float  # trajectories with a valid token (in the whole mini-batch)
+    row_traj_tokens: Tensor  # (B,) valid tokens of each row's trajectory
+    trajs: float  # trajectories with a valid token
 
 
 # mode -> (row_sum (B,): each row's summed token loss, Counts) -> scalar
@@ -54,21 +54,18 @@ AGG_MODES: Registry[AggMode] = Registry("loss aggregation mode")
 
 @AGG_MODES.register("token-mean")
 def _token_mean(row_sum: Tensor, c: Counts) -> Tensor:
-    n = float(c.mask.sum()) if c.global_tokens is None else float(c.global_tokens)
-    return row_sum.sum() / max(n, 1.0)
+    return row_sum.sum() / max(c.tokens, 1.0)
 
 
 @AGG_MODES.register("seq-mean-token-mean")
 def _seq_mean_token_mean(row_sum: Tensor, c: Counts) -> Tensor:
-    rows = float(c.mask.any(-1).sum()) if c.global_rows is None else float(c.global_rows)
     row_mean = row_sum / c.mask.sum(-1).clamp(min=1)  # (B,), 0 for empty rows
-    return row_mean.sum() / max(rows, 1.0)
+    return row_mean.sum() / max(c.rows, 1.0)
 
 
 @AGG_MODES.register("seq-mean-token-sum")
 def _seq_mean_token_sum(row_sum: Tensor, c: Counts) -> Tensor:
-    rows = float(c.mask.any(-1).sum()) if c.global_rows is None else float(c.global_rows)
-    return row_sum.sum() / max(rows, 1.0)
+    return row_sum.sum() / max(c.rows, 1.0)
 
 
 @AGG_MODES.register("seq-mean-token-sum-norm")
@@ -83,7 +80,7 @@ def _seq_mean_token_sum_norm(row_sum: Tensor, c: Counts) -> Tensor:
 @AGG_MODES.register("traj-mean-token-mean")
 def _traj_mean_token_mean(row_sum: Tensor, c: Counts) -> Tensor:
     per_traj = row_sum / c.row_traj_tokens.clamp(min=1)  # 0 for empty trajectories
-    return per_traj.sum() / max(c.global_trajs, 1.0)
+    return per_traj.sum() / max(c.trajs, 1.0)
 
 
 def _traj_tokens(masks: Sequence[Tensor], traj_ids: Sequence[Sequence[Hashable]]) -> dict[Hashable, float]:
@@ -147,9 +144,9 @@ def aggregate_loss(
         raise ValueError(f"{shapes} must both be (B, L)")
     mask = response_mask.bool()
     token_loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))  # (B, L)
+    rows = float(mask.any(-1).sum()) if global_rows is None else float(global_rows)
     if traj_ids is None:  # every row a trajectory of its own
-        row_traj_tokens = mask.sum(-1).to(loss.dtype)
-        trajs = float(mask.any(-1).sum()) if global_rows is None else float(global_rows)
+        row_traj_tokens, trajs = mask.sum(-1).to(loss.dtype), rows
     else:
         ids = list(traj_ids)
         if len(ids) != len(mask):
@@ -163,12 +160,6 @@ def aggregate_loss(
             [float(traj_tokens[t]) for t in ids], dtype=loss.dtype, device=loss.device
         )
         trajs = float(sum(1 for n in traj_tokens.values() if n > 0))
-    counts = Counts(
-        mask=mask,
-        global_tokens=global_tokens,
-        global_rows=global_rows,
-        norm_const=norm_const,
-        row_traj_tokens=row_traj_tokens,
-        global_trajs=trajs,
-    )
+    tokens = float(mask.sum()) if global_tokens is None else float(global_tokens)
+    counts = Counts(mask, tokens, rows, norm_const, row_traj_tokens, trajs)
     return agg(token_loss.sum(-1), counts)

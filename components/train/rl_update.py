@@ -69,14 +69,19 @@ class StepTensors:
     ref_logp: Tensor | None  # (B, L)
     returns: Tensor  # (B, L) per token, or (B,) per step
     old_values: Tensor | None  # same shape as returns
+    traj_ids: list[str] | None = None  # each row's trajectory, for traj-mean-token-mean
 
 
 def step_tensors(
-    rows: Sequence[dict[str, Any]], pad_id: int, per_step_values: bool, share_prefix: bool = False
+    rows: Sequence[dict[str, Any]],
+    pad_id: int,
+    per_step_values: bool,
+    share_prefix: bool = False,
+    traj_ids: list[str] | None = None,
 ) -> StepTensors:
     """Tensors of ``rows`` (dicts with prompt_ids, response_ids, advantages, old_logprobs, returns,
-    and optionally ref_logprobs, values). ``share_prefix``: the actor forwards each shared prompt
-    once (``make_token_batch``), and so does the critic."""
+    and optionally ref_logprobs, values), and ``traj_ids`` as given. ``share_prefix``: the actor
+    forwards each shared prompt once (``make_token_batch``), and so does the critic."""
     batch = make_token_batch(
         [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id, share_prefix=share_prefix
     )
@@ -96,6 +101,7 @@ def step_tensors(
         ref_logp=pad_rows([r["ref_logprobs"] for r in rows], L) if has_ref else None,
         returns=returns,
         old_values=old_values,
+        traj_ids=traj_ids,
     )
 
 
@@ -188,19 +194,23 @@ def actor_update(
     history = []
     for plan in _mini_batches(rows, a.mini_batch_size, a.micro_batch_size, a.epochs, seed):
         micro = [
-            step_tensors([rows[i] for i in idx], pad_id, per_step_values=False, share_prefix=True)
+            step_tensors(
+                [rows[i] for i in idx],
+                pad_id,
+                per_step_values=False,
+                share_prefix=True,
+                traj_ids=[_traj_id(rows, i) for i in idx],
+            )
             for idx in plan
         ]
-        traj_ids = {id(m): [_traj_id(rows, i) for i in idx] for m, idx in zip(micro, plan)}
         norms = loss_normalisers(
             response_masks=[m.batch.response_mask for m in micro],
             norm_const=a.norm_const,
-            traj_ids=list(traj_ids.values()),
+            traj_ids=[m.traj_ids for m in micro],
         )
         tokens = max(norms["global_tokens"], 1.0)
 
         def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
-            ids = traj_ids[id(m)]  # before to_device, which makes a new object
             m = to_device(m, model_device(eng.module))  # built on the CPU by step_tensors
             mask = m.batch.response_mask
             logp, entropy = response_logprobs(
@@ -215,7 +225,9 @@ def actor_update(
                 clip_high=a.clip_high,
                 clip_ratio_c=a.clip_ratio_c,
             )
-            pg_loss = aggregate_loss(loss=pg, response_mask=mask, mode=a.loss_agg, traj_ids=ids, **norms)
+            pg_loss = aggregate_loss(
+                loss=pg, response_mask=mask, mode=a.loss_agg, traj_ids=m.traj_ids, **norms
+            )
             loss = pg_loss
             share = mask.sum() / tokens  # this micro-batch's share of the mini-batch's tokens
             metrics = {"pg_loss": pg_loss.detach()}
@@ -225,7 +237,7 @@ def actor_update(
                 metrics["logprob_gap"] = ((logp.detach() - m.old_logp).abs() * mask).sum() / tokens
             if a.entropy_coef > 0:
                 loss = loss - a.entropy_coef * aggregate_loss(
-                    loss=entropy, response_mask=mask, mode=a.loss_agg, traj_ids=ids, **norms
+                    loss=entropy, response_mask=mask, mode=a.loss_agg, traj_ids=m.traj_ids, **norms
                 )
             if a.kl_coef > 0 and m.ref_logp is not None:
                 kl = kl_penalty(logp=logp, ref_logp=m.ref_logp, response_mask=mask, kind=a.kl_kind)
