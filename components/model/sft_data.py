@@ -18,6 +18,11 @@ labelled when its characters overlap a span.
 Labels are aligned with ``input_ids`` (not shifted): HF causal LMs shift them internally.
 What it does not do: pack several conversations into one row, or truncate (too long -> ``None``).
 
+An assistant message with ``"weight": 0`` (OpenAI's fine-tuning format; 1, the default, is the
+other allowed value) is context only: it is rendered and read, never labelled. A task marks so a
+reply its demonstrator did not mean (a weaker demonstrator's random detour) when SFT should learn
+the recovery that follows it but not the detour itself.
+
 Windowed context (``rollout.context_window`` = k, :func:`encode_turns`): the agent loop then shows the
 policy, at step t, the first observation followed by the token segments of the last k turns only (a
 segment: the turn's response ids + the observation ids after it). To imitate that, every assistant
@@ -55,7 +60,19 @@ def _check_messages(messages: Sequence[dict]) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"messages[{i}] must be a dict with a string 'role', got {m!r:.80}")
+        if "weight" in m and (
+            m["role"] != "assistant" or m["weight"] not in (0, 1) or isinstance(m["weight"], bool)
+        ):
+            raise ValueError(
+                f"messages[{i}]: 'weight' must be 0 or 1 on an assistant message, got {m['weight']!r} "
+                f"on a {m['role']!r} message"
+            )
     return list(messages)
+
+
+def _trained(message: dict) -> bool:
+    """Whether SFT learns an assistant message (its ``weight`` is 1 or absent)."""
+    return message.get("weight", 1) == 1
 
 
 def assistant_char_spans(
@@ -105,7 +122,12 @@ def encode_conversation(
         raise ValueError(f"max_len={max_len!r} must be a positive int")
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("encode_conversation needs a fast tokenizer (it uses return_offsets_mapping)")
-    full, spans = assistant_char_spans(tokenizer, messages, tools)
+    msgs = _check_messages(messages)
+    full, spans = assistant_char_spans(tokenizer, msgs, tools)
+    trained = [_trained(m) for m in msgs if m["role"] == "assistant"]
+    spans = [span for span, keep in zip(spans, trained) if keep]
+    if not spans:
+        raise ValueError("every assistant message has weight 0: nothing to learn")
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = list(enc["input_ids"])
     if len(ids) > max_len:
@@ -126,7 +148,8 @@ def encode_conversation(
 def encode_turns(
     tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None, max_len: int, *, context_window: int
 ) -> list[tuple[list[int], list[int]] | None]:
-    """One ``(input_ids, labels)`` example per assistant turn (``None`` where longer than ``max_len``).
+    """One ``(input_ids, labels)`` example per assistant turn (``None`` where longer than ``max_len``),
+    none for a turn of weight 0 (which is still in the later examples' context).
 
     Example i: the first observation (the messages before the first assistant turn, rendered with the
     generation prompt) + the segments of turns max(0, i - k) .. i - 1 (k = ``context_window``; a
@@ -155,6 +178,8 @@ def encode_turns(
     segments = [r + renderer.observation(msgs[k + 1 : e]) for r, k, e in zip(responses, turns, ends)]
     out: list[tuple[list[int], list[int]] | None] = []
     for i, response in enumerate(responses):
+        if not _trained(msgs[turns[i]]):
+            continue
         context = first + [t for seg in segments[max(0, i - context_window) : i] for t in seg]
         if len(context) + len(response) > max_len:
             out.append(None)

@@ -5,6 +5,7 @@ in window mode are the loop's own contexts, token for token."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -219,3 +220,46 @@ def test_windowed_sft_examples_are_the_loop_contexts_token_for_token(tok, render
     )
     with pytest.raises(ValueError, match="context_window"):
         encode_turns(tok, messages, tools, 4096, context_window=0)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_reply_of_weight_0_is_context_and_never_a_label(tok, k):
+    """A detour reply (``"weight": 0``): no example of its own, the same token context for the turns
+    after it, and no label in the whole-conversation encoding; the other turns are unchanged."""
+    calc = get_task("calc")
+    messages = calc.initial_messages(row("c", Q3, "96")) + q3_demo()
+    weighted = copy.deepcopy(messages)
+    detour = [i for i, m in enumerate(weighted) if m["role"] == "assistant"][1]  # the second call
+    weighted[detour]["weight"] = 0
+    plain = encode_turns(tok, messages, calc.tools(), 4096, context_window=k)
+    got = encode_turns(tok, weighted, calc.tools(), 4096, context_window=k)
+    assert len(plain) == 4 and got == [plain[0], plain[2], plain[3]]
+    # whole history: the detour's tokens lose their labels, nothing else changes
+    ids, labels = encode_conversation(tok, messages, calc.tools(), 4096)
+    w_ids, w_labels = encode_conversation(tok, weighted, calc.tools(), 4096)
+    changed = [i for i, (a, b) in enumerate(zip(labels, w_labels)) if a != b]
+    assert w_ids == ids and changed and all(w_labels[i] == IGNORE_INDEX for i in changed)
+    second_call = tok.decode([ids[i] for i in changed])
+    assert '"-4 + 100"' in second_call and "5 - 9" not in second_call and "96 * 1" not in second_call
+
+
+def test_bad_weights_name_the_message(tok):
+    calc = get_task("calc")
+    base = calc.initial_messages(row("c", Q3, "96")) + q3_demo()
+    first = len(calc.initial_messages(row("c", Q3, "96")))  # index of the first assistant message
+    for bad in (2, 0.5, True, "0"):
+        messages = copy.deepcopy(base)
+        messages[first]["weight"] = bad
+        with pytest.raises(ValueError, match=rf"messages\[{first}\]: 'weight' must be 0 or 1"):
+            encode_turns(tok, messages, calc.tools(), 4096, context_window=1)
+    messages = copy.deepcopy(base)
+    messages[first + 1]["weight"] = 1  # a tool message cannot carry one
+    with pytest.raises(ValueError, match=rf"messages\[{first + 1}\]: 'weight' .* on a 'tool' message"):
+        encode_conversation(tok, messages, calc.tools(), 4096)
+    messages = copy.deepcopy(base)
+    for m in messages:
+        if m["role"] == "assistant":
+            m["weight"] = 0
+    with pytest.raises(ValueError, match="every assistant message has weight 0"):
+        encode_conversation(tok, messages, calc.tools(), 4096)
+    assert encode_turns(tok, messages, calc.tools(), 4096, context_window=1) == []

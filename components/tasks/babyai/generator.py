@@ -18,7 +18,9 @@ The weaker demonstrator is the bot with random detours: each turn, with probabil
 a uniformly random move (turn left, turn right, go forward) instead of the bot's action; the bot is told
 what was done (``replan(action_taken)``) and plans on from there. Only its episodes that still complete
 the mission within ``max_moves + weak_extra_moves`` actions are kept, so SFT sees detours, never a
-failure; RL has to learn from the return which detours to stop making.
+failure; RL has to learn from the return which detours to stop making. With ``imitate_detours``
+false, a random move other than the bot's own choice is kept with ``"weight": 0`` (context only for
+SFT: :mod:`components.model.sft_data`), so SFT learns the way back but not the detour.
 
 Splits come from independent random streams of seeds (seed, split), test first, then val, then train,
 each skipping a level (its start state and mission) already taken, so no level is in two splits.
@@ -89,9 +91,11 @@ def bot_episode(
     limit: int,
     rng: random.Random | None = None,
     epsilon: float = 0.0,
-) -> tuple[list[dict[str, str]], list[int]] | None:
+    imitate_detours: bool = True,
+) -> tuple[list[dict[str, Any]], list[int]] | None:
     """Play ``row``'s level with minigrid's BabyAIBot through the text environment ``env`` (with
-    probability ``epsilon`` per turn a random move from ``rng`` instead of the bot's action): the
+    probability ``epsilon`` per turn a random move from ``rng`` instead of the bot's action; with
+    ``imitate_detours`` false such a move, when it is not the bot's own, has ``"weight": 0``): the
     messages after the first user prompt and the actions, or None when the mission is not done within
     ``limit`` actions (or the bot gives up: :data:`BOT_GIVES_UP`). Any other exception of the bot
     raises :class:`BotError` naming the level."""
@@ -102,7 +106,7 @@ def bot_episode(
         return None
     except Exception as err:
         raise _bot_error(err, row) from err
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     actions: list[int] = []
     taken: int | None = None
     while len(actions) < limit:
@@ -118,6 +122,8 @@ def bot_episode(
         reply = action_text(action)
         out = env.step(reply)
         messages.append({"role": "assistant", "content": reply})
+        if action != suggested and not imitate_detours:
+            messages[-1]["weight"] = 0
         actions.append(action)
         taken = action
         if out.done:
@@ -201,7 +207,7 @@ def make_splits(
                 continue
             tally.within_max_moves += 1
             seen.add(key)
-            weak: list[list[dict[str, str]]] = []
+            weak: list[list[dict[str, Any]]] = []
             if split == "train" and p.weak_per_question > 0:
                 n = int(p.weak_per_question) + (weak_rng.random() < p.weak_per_question % 1)
                 for _ in range(n):
@@ -213,6 +219,7 @@ def make_splits(
                             limit=p.max_moves + p.weak_extra_moves,
                             rng=weak_rng,
                             epsilon=p.weak_epsilon,
+                            imitate_detours=p.imitate_detours,
                         )
                         if detour is not None:
                             weak.append(detour[0])

@@ -40,9 +40,13 @@ class BabyAIParams(TaskParams):
     # each turn a random move (turn left, turn right, go forward) instead of its own action; the bot
     # replans from wherever that leaves it. Only episodes solved within max_moves + weak_extra_moves
     # are kept. weak_per_question per level on average (0 = the bot's demonstrations only).
+    # imitate_detours: SFT imitates the random moves too (true), or reads them as context only (false:
+    # the reply has weight 0, so SFT learns the bot's way back from where a detour left it, DAgger's
+    # idea, and not the detour; a random move that is the bot's own choice stays a label).
     weak_per_question: float = Field(0.0, ge=0, le=16)
     weak_epsilon: float = Field(0.25, ge=0, le=1)
     weak_extra_moves: int = Field(4, ge=0, le=100)
+    imitate_detours: bool = True
 
     @field_validator("level")
     @classmethod

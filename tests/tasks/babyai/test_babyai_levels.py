@@ -80,6 +80,30 @@ def test_bot_episode_limits_and_detours():
     assert detour is not None and detour[1] != actions  # other actions, still done
 
 
+def test_detours_as_context_only_change_the_labels_not_the_episode():
+    """imitate_detours=False: the same episode (replies, observations, actions), with weight 0 on
+    exactly the random moves that are not the bot's own choice (found by replaying the bot)."""
+    env = make_env()
+    row = {"id": "r", "seed": 6}
+    imitated = bot_episode(env, row, limit=100, rng=random.Random(3), epsilon=0.5)
+    messages, actions = bot_episode(
+        env, row, limit=100, rng=random.Random(3), epsilon=0.5, imitate_detours=False
+    )
+    assert imitated is not None and actions == imitated[1]
+    assert [{k: v for k, v in m.items() if k != "weight"} for m in messages] == imitated[0]
+    weights = [m.get("weight", 1) for m in messages if m["role"] == "assistant"]
+    # the bot's own choice at each turn, replayed on the actions taken
+    env.reset(row)
+    bot, taken, own = BabyAIBot(env.env), None, []
+    for a in actions:
+        own.append(int(bot.replan(taken)))
+        env.env.step(a)
+        taken = a
+    assert weights == [1 if a == b else 0 for a, b in zip(actions, own)]
+    assert 0 in weights and 1 in weights
+    assert bot_episode(env, row, limit=100, imitate_detours=False) == bot_episode(env, row, limit=100)
+
+
 def test_episode_metrics_by_hand():
     def step(traj, k, reward, correct=False, invalid=0.0):
         tm = json.dumps({"success": float(correct), "invalid_action": invalid})
