@@ -91,7 +91,7 @@ def _train(params: Params, on_step=None, progress: bool = True) -> list[dict]:
     model, tokenizer = load_hf(BASE, dtype=torch.float32)
     examples, dropped = encode_examples(params, tokenizer)
     s = params.sft
-    what = "demonstrations" if params.rollout.context_window is None else "assistant turns of demonstrations"
+    what = "demonstrations" if params.rollout.context_window is None else "labelled assistant turns"
     if progress:
         print(f"sft: {len(examples)} {what}, expert and weaker ({dropped} longer than sft.max_len dropped)")
     engine = build_engine(
