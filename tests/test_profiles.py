@@ -76,3 +76,18 @@ def test_shipped_code_profile_is_valid_when_applied():
     p = load_params(REPO / "params.yaml", overrides=RAW["profiles"]["code"])
     assert p.task == "code" and p.rollout.max_steps >= p.task_params.turns_needed()
     assert p.compare.algorithms == ["grpo", "ppo", "steppo", "gigpo"] and len(p.compare.seeds) >= 3
+
+
+@pytest.mark.parametrize("profile", sorted(RAW["profiles"]))
+def test_every_profile_key_is_in_params_yaml(profile):
+    """`dvc exp run -S key=value` only overrides a key params.yaml has (a new one needs Hydra's `+`),
+    so a profile may set only keys written out there (as `loss_agg: null`, the preset's, is)."""
+    missing = []
+    for key in RAW["profiles"][profile]:
+        node = RAW
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                missing.append(key)
+                break
+            node = node[part]
+    assert not missing, f"profiles.{profile} sets keys params.yaml does not have: {missing}"
