@@ -3,7 +3,8 @@ task table, and the decoding of a row's demonstrations.
 
 A task table holds its expert demonstration in the ``expert`` column (a JSON list of the messages
 after the user prompt) and, optionally, weaker demonstrations in the ``weak`` column (a JSON list of
-such lists). SFT imitates all of them (:func:`demonstrations`).
+such lists). SFT imitates all of them (:func:`demonstrations`) but an assistant message marked
+``"weight": 0``, which it reads as context only (:mod:`components.model.sft_data`).
 """
 
 from __future__ import annotations
