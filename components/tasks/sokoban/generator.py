@@ -10,7 +10,10 @@ uniformly random move (which may walk into a wall, waste moves, or push the box 
 pushed back from), otherwise the first move of a shortest solution from where it stands. Only its
 episodes that end solved within ``max_moves + weak_extra_moves`` moves are kept, so SFT sees detours,
 never a lost level; a policy imitating it still makes random moves in states where they are fatal, and
-RL has to learn from the return (step penalty, success bonus) which moves to stop making.
+RL has to learn from the return (step penalty, success bonus) which moves to stop making. With
+``imitate_detours`` false, a random move other than the solver's next move is kept with
+``"weight": 0`` (context only for SFT: :mod:`components.model.sft_data`): SFT learns the way back
+from where a detour left the player, not the detour.
 
 Splits come from independent random streams (seed, split), test first, then val, then train, each
 skipping levels already taken, so no level is in two splits.
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -31,7 +36,7 @@ from components.tasks.sokoban.env import ENV_FILE
 from components.tasks.sokoban.level import ACTIONS, Level, State, apply, generate, render, solve, to_xsb
 from components.tasks.sokoban.params import SokobanParams
 
-__all__ = ["action_message", "demonstration", "make_splits", "weak_moves"]
+__all__ = ["action_message", "demonstration", "make_splits", "weak_moves", "weak_play"]
 
 SPLITS = ("test", "val", "train")
 
@@ -41,13 +46,22 @@ def action_message(action: str) -> dict[str, str]:
 
 
 def demonstration(
-    level: Level, state: State, moves: list[str], *, with_offsets: bool = True, blocked_note: bool = False
-) -> list[dict[str, str]]:
+    level: Level,
+    state: State,
+    moves: list[str],
+    *,
+    with_offsets: bool = True,
+    blocked_note: bool = False,
+    context_only: Collection[int] = (),
+) -> list[dict[str, Any]]:
     """The messages after the first user prompt of playing ``moves``: each move, then the new grid
-    (none after the last move), with the environment's note after a move that changed nothing."""
-    messages: list[dict[str, str]] = []
+    (none after the last move), with the environment's note after a move that changed nothing; the
+    moves at the indices ``context_only`` get ``"weight": 0`` (SFT reads them, never imitates them)."""
+    messages: list[dict[str, Any]] = []
     for i, move in enumerate(moves):
         messages.append(action_message(move))
+        if i in context_only:
+            messages[-1]["weight"] = 0
         state, moved = apply(level, state, move)
         if i < len(moves) - 1:
             text = render(level, state, with_offsets=with_offsets, blocked=blocked_note and not moved)
@@ -60,11 +74,23 @@ def weak_moves(
 ) -> list[str] | None:
     """A careless player's moves (see the module docstring), or None when it does not solve the level
     within ``limit`` moves."""
+    played = weak_play(rng, level, state, epsilon=epsilon, limit=limit)
+    return None if played is None else played[0]
+
+
+def weak_play(
+    rng: random.Random, level: Level, state: State, *, epsilon: float, limit: int
+) -> tuple[list[str], list[int]] | None:
+    """:func:`weak_moves` and the indices of its detours: the random moves that were not the
+    solver's next move."""
     moves: list[str] = []
+    detours: list[int] = []
     plan = solve(level, state)
     while plan and len(moves) < limit:
         if rng.random() < epsilon:
             move = rng.choice(ACTIONS)
+            if move != plan[0]:
+                detours.append(len(moves))
             nxt, _ = apply(level, state, move)
             plan = solve(level, nxt) if nxt != state else plan
         else:
@@ -75,7 +101,7 @@ def weak_moves(
         state = nxt
         if plan is None:  # a fatal push: this episode cannot be won any more
             return None
-    return moves if plan == [] else None
+    return (moves, detours) if plan == [] else None
 
 
 def make_splits(
@@ -111,17 +137,23 @@ def make_splits(
                 n = int(p.weak_per_question) + (weak_rng.random() < p.weak_per_question % 1)
                 for _ in range(n):
                     for _try in range(5):
-                        moves = weak_moves(
+                        played = weak_play(
                             weak_rng,
                             level,
                             start,
                             epsilon=p.weak_epsilon,
                             limit=p.max_moves + p.weak_extra_moves,
                         )
-                        if moves is not None:
+                        if played is not None:
+                            moves, detours = played
                             weak.append(
                                 demonstration(
-                                    level, start, moves, with_offsets=p.offsets, blocked_note=p.blocked_note
+                                    level,
+                                    start,
+                                    moves,
+                                    with_offsets=p.offsets,
+                                    blocked_note=p.blocked_note,
+                                    context_only=() if p.imitate_detours else detours,
                                 )
                             )
                             break

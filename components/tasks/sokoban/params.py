@@ -42,10 +42,13 @@ class SokobanParams(TaskParams):
     # Weaker demonstrations beside the expert's (train split): a player who at each turn makes a random
     # move with probability weak_epsilon and otherwise a shortest-solution move; only its episodes that
     # end solved within max_moves + weak_extra_moves moves are kept. weak_per_question per level on
-    # average (0 = expert demonstrations only).
+    # average (0 = expert demonstrations only). imitate_detours: SFT imitates the random moves too
+    # (true), or reads them as context only (false: the reply has weight 0, so SFT learns the way back
+    # from a detour and not the detour; a random move that is the solver's next move stays a label).
     weak_per_question: float = Field(0.0, ge=0, le=16)
     weak_epsilon: float = Field(0.25, ge=0, le=1)
     weak_extra_moves: int = Field(4, ge=0, le=40)
+    imitate_detours: bool = True
 
     @model_validator(mode="after")
     def _bounds(self) -> SokobanParams:

@@ -257,3 +257,52 @@ def test_repeat_hint_ends_the_system_prompt_only_when_on(tmp_path):
     env = make_env(data_dir=tmp_path)
     assert REPEAT_HINT not in env.reset(ROW)[0]["content"]
     assert env.step(act("up")).reward == pytest.approx(-0.1)
+
+
+def test_detours_as_context_only_change_the_labels_not_the_moves():
+    """weak_play names the random moves that were not the solver's next move; the demonstration gives
+    exactly those weight 0, and the same moves with the same grids otherwise."""
+    import random
+
+    from components.tasks.sokoban.generator import demonstration, weak_play
+    from components.tasks.sokoban.level import apply, parse_xsb, solve
+
+    level, start = parse_xsb("#######\n#@$ . #\n#     #\n#######")
+    plan = solve(level, start)
+    played = None
+    for seed in range(50):  # a seed whose careless player detours and still solves
+        played = weak_play(random.Random(seed), level, start, epsilon=0.5, limit=12)
+        if played is not None and played[1]:
+            break
+    assert played is not None and played[1]
+    moves, detours = played
+    assert moves == weak_moves(random.Random(seed), level, start, epsilon=0.5, limit=12)
+    # replay: a detour is a move other than the solver's next move from where the player stood
+    state = start
+    for i, move in enumerate(moves):
+        if i in detours:
+            assert move != solve(level, state)[0]
+        state, _ = apply(level, state, move)
+    plain = demonstration(level, start, moves)
+    marked = demonstration(level, start, moves, context_only=detours)
+    assert [{k: v for k, v in m.items() if k != "weight"} for m in marked] == plain
+    weights = [m.get("weight", 1) for m in marked if m["role"] == "assistant"]
+    assert weights == [0 if i in detours else 1 for i in range(len(moves))]
+    assert weak_play(random.Random(0), level, start, epsilon=0.0, limit=10) == (plan, [])
+
+
+def test_splits_with_detours_as_context_only(tmp_path):
+    """imitate_detours=False: the same train split but for weight 0 on some weak replies."""
+    imitated = make_splits(SokobanParams(weak_per_question=2.0), seed=1, n_train=30, n_val=5, n_test=5)
+    marked = make_splits(
+        SokobanParams(weak_per_question=2.0, imitate_detours=False), seed=1, n_train=30, n_val=5, n_test=5
+    )
+
+    def weak(split, strip):
+        demos = [d for w in split["train"]["weak"].to_list() for d in json.loads(w or "[]")]
+        return [[{k: v for k, v in m.items() if not (strip and k == "weight")} for m in d] for d in demos]
+
+    assert weak(marked, strip=True) == weak(imitated, strip=False)
+    weights = [m.get("weight") for d in weak(marked, strip=False) for m in d if m["role"] == "assistant"]
+    assert weights.count(0) > 0 and weights.count(None) > weights.count(0)
+    assert marked["train"]["expert"].to_list() == imitated["train"]["expert"].to_list()
