@@ -36,7 +36,7 @@ from components.tasks.sokoban.env import ENV_FILE
 from components.tasks.sokoban.level import ACTIONS, Level, State, apply, generate, render, solve, to_xsb
 from components.tasks.sokoban.params import SokobanParams
 
-__all__ = ["action_message", "demonstration", "make_splits", "weak_moves", "weak_play"]
+__all__ = ["action_message", "demonstration", "make_splits", "weak_play"]
 
 SPLITS = ("test", "val", "train")
 
@@ -69,20 +69,12 @@ def demonstration(
     return messages
 
 
-def weak_moves(
-    rng: random.Random, level: Level, state: State, *, epsilon: float, limit: int
-) -> list[str] | None:
-    """A careless player's moves (see the module docstring), or None when it does not solve the level
-    within ``limit`` moves."""
-    played = weak_play(rng, level, state, epsilon=epsilon, limit=limit)
-    return None if played is None else played[0]
-
-
 def weak_play(
     rng: random.Random, level: Level, state: State, *, epsilon: float, limit: int
 ) -> tuple[list[str], list[int]] | None:
-    """:func:`weak_moves` and the indices of its detours: the random moves that were not the
-    solver's next move."""
+    """A careless player's moves (see the module docstring) and the indices of its detours, the
+    random moves that were not the solver's next move; None when it does not solve the level within
+    ``limit`` moves."""
     moves: list[str] = []
     detours: list[int] = []
     plan = solve(level, state)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from components.tasks.sokoban import initial_messages, make_env, parse_action
-from components.tasks.sokoban.generator import make_splits, weak_moves
+from components.tasks.sokoban.generator import make_splits, weak_play
 from components.tasks.sokoban.metrics import episode_metrics
 from components.tasks.sokoban.params import SokobanParams
 
@@ -184,8 +184,8 @@ def test_weak_player_with_epsilon_zero_is_the_expert():
     from components.tasks.sokoban.level import parse_xsb, solve
 
     level, start = parse_xsb("#######\n#@$ . #\n#     #\n#######")
-    assert weak_moves(random.Random(0), level, start, epsilon=0.0, limit=10) == solve(level, start)
-    assert weak_moves(random.Random(0), level, start, epsilon=0.0, limit=1) is None  # out of moves
+    assert weak_play(random.Random(0), level, start, epsilon=0.0, limit=10) == (solve(level, start), [])
+    assert weak_play(random.Random(0), level, start, epsilon=0.0, limit=1) is None  # out of moves
 
 
 def test_episode_metrics_by_hand():
@@ -264,7 +264,7 @@ def test_detours_as_context_only_change_the_labels_not_the_moves():
     exactly those weight 0, and the same moves with the same grids otherwise."""
     import random
 
-    from components.tasks.sokoban.generator import demonstration, weak_play
+    from components.tasks.sokoban.generator import demonstration
     from components.tasks.sokoban.level import apply, parse_xsb, solve
 
     level, start = parse_xsb("#######\n#@$ . #\n#     #\n#######")
@@ -276,7 +276,7 @@ def test_detours_as_context_only_change_the_labels_not_the_moves():
             break
     assert played is not None and played[1]
     moves, detours = played
-    assert moves == weak_moves(random.Random(seed), level, start, epsilon=0.5, limit=12)
+    assert weak_play(random.Random(seed), level, start, epsilon=0.5, limit=12) == played  # seeded
     # replay: a detour is a move other than the solver's next move from where the player stood
     state = start
     for i, move in enumerate(moves):
