@@ -122,9 +122,8 @@ def encode_conversation(
         raise ValueError(f"max_len={max_len!r} must be a positive int")
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("encode_conversation needs a fast tokenizer (it uses return_offsets_mapping)")
-    msgs = _check_messages(messages)
-    full, spans = assistant_char_spans(tokenizer, msgs, tools)
-    trained = [_trained(m) for m in msgs if m["role"] == "assistant"]
+    full, spans = assistant_char_spans(tokenizer, messages, tools)  # checks the messages
+    trained = [_trained(m) for m in messages if m["role"] == "assistant"]
     spans = [span for span, keep in zip(spans, trained) if keep]
     if not spans:
         raise ValueError("every assistant message has weight 0: nothing to learn")

@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "answer_message",
+    "as_context",
     "demonstrations",
     "encode",
     "expert_messages",
@@ -38,6 +39,11 @@ def tool_message(tool: str, result: str) -> dict[str, Any]:
 
 def answer_message(answer: str) -> dict[str, Any]:
     return {"role": "assistant", "content": f"<answer>{answer}</answer>"}
+
+
+def as_context(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` (an assistant turn) marked ``"weight": 0``: SFT reads it, never imitates it."""
+    return {**message, "weight": 0}
 
 
 def encode(value: Any) -> str:

@@ -44,7 +44,7 @@ from components.schemas import TaskSchema, validate_table
 from components.tasks.babyai.env import ENV_FILE, make_env
 from components.tasks.babyai.params import BabyAIParams
 from components.tasks.babyai.text import ACTIONS, action_text
-from components.tasks.demonstrations import encode
+from components.tasks.demonstrations import as_context, encode
 
 __all__ = ["BotError", "BotTally", "bot_episode", "make_splits"]
 
@@ -121,9 +121,8 @@ def bot_episode(
         action = rng.choice(DETOURS) if rng is not None and rng.random() < epsilon else suggested
         reply = action_text(action)
         out = env.step(reply)
-        messages.append({"role": "assistant", "content": reply})
-        if action != suggested and not imitate_detours:
-            messages[-1]["weight"] = 0
+        message = {"role": "assistant", "content": reply}
+        messages.append(message if imitate_detours or action == suggested else as_context(message))
         actions.append(action)
         taken = action
         if out.done:

@@ -30,7 +30,7 @@ from typing import Any
 import polars as pl
 
 from components.schemas import TaskSchema, validate_table
-from components.tasks.demonstrations import encode
+from components.tasks.demonstrations import as_context, encode
 from components.tasks.recipe import split_sizes
 from components.tasks.sokoban.env import ENV_FILE
 from components.tasks.sokoban.level import ACTIONS, Level, State, apply, generate, render, solve, to_xsb
@@ -59,9 +59,7 @@ def demonstration(
     moves at the indices ``context_only`` get ``"weight": 0`` (SFT reads them, never imitates them)."""
     messages: list[dict[str, Any]] = []
     for i, move in enumerate(moves):
-        messages.append(action_message(move))
-        if i in context_only:
-            messages[-1]["weight"] = 0
+        messages.append(as_context(action_message(move)) if i in context_only else action_message(move))
         state, moved = apply(level, state, move)
         if i < len(moves) - 1:
             text = render(level, state, with_offsets=with_offsets, blocked=blocked_note and not moved)
