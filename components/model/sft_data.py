@@ -160,8 +160,8 @@ def encode_turns(
         raise ValueError(f"context_window={context_window!r} must be an int >= 1")
     if not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"max_len={max_len!r} must be a positive int")
-    msgs = _check_messages(messages)
-    full, spans = assistant_char_spans(tokenizer, msgs, tools)
+    full, spans = assistant_char_spans(tokenizer, messages, tools)  # checks the messages
+    msgs = list(messages)
     renderer = ChatRenderer(tokenizer, tools, stop_token=tokenizer.eos_token)
     turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
     responses = []
