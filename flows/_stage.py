@@ -107,6 +107,7 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
     args = vars(parser.parse_args())
     try:
         t0 = time.perf_counter()
+        read_params(args["params"])  # a bad file is one error line before Prefect's server code loads
         pick_temporary_server_port()  # before the seeding below
         make_stage_deterministic(args["params"])
         run(**args)
