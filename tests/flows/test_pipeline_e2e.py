@@ -1,10 +1,14 @@
-"""End to end: `dvc repro` of every stage on a tiny config, with real Prefect, vLLM, DeepSpeed, MLflow."""
+"""End to end: the README's main command (`make repro`: `python -m flows.repro`, which runs `dvc repro`
+against one Prefect server it starts) of every stage on a tiny config, with real Prefect, vLLM,
+DeepSpeed, MLflow. Plain `dvc repro` (each stage then starting a temporary Prefect server of its own,
+several seconds a stage) is what test_second_repro_reruns_nothing and the stage tests run."""
 
 from __future__ import annotations
 
 import json
 import re
 import sqlite3
+import sys
 
 import polars as pl
 import pytest
@@ -25,7 +29,7 @@ LISTENERS: dict = {}  # what watch_listeners saw during the first `dvc repro`
 def repro(tmp_path_factory):
     ws = make_workspace(tmp_path_factory.mktemp("e2e"))
     with watch_listeners() as seen:
-        first = run(["dvc", "repro"], ws, timeout=3300)
+        first = run([sys.executable, "-m", "flows.repro"], ws, timeout=3300)
     LISTENERS.update(seen)
     return ws, first
 
