@@ -16,8 +16,8 @@ import yaml
 
 from tests.flows.workspace import make_workspace, run, watch_listeners
 
-# A hang guard, not a time bound: the module's `dvc repro` took about 8 minutes alone on 2 cores, 15
-# beside one CPU-bound job, and ran past 25 (the default guard) beside two.
+# A hang guard, not a time bound: the module's first run took about 7 minutes alone on 2 cores (8 as
+# plain `dvc repro`), 15 beside one CPU-bound job, and ran past 25 (the default guard) beside two.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]
 
 ALGOS, SEEDS = ("grpo", "steppo"), (0, 1)  # compare.algorithms x compare.seeds of tests/flows/workspace.py
