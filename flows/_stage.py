@@ -107,9 +107,9 @@ def stage_main(run: Callable[..., Any], *extra_args: tuple[str, dict]) -> None:
     args = vars(parser.parse_args())
     try:
         t0 = time.perf_counter()
-        read_params(args["params"])  # a bad file is one error line before Prefect's server code loads
+        params = read_params(args["params"])  # a bad file: one error line before Prefect's server code
         pick_temporary_server_port()  # before the seeding below
-        make_stage_deterministic(args["params"])
+        make_stage_deterministic(params)
         run(**args)
         write_stage_timing(stage_name(run, args, extra_args), process_start, time.perf_counter() - t0)
     except (ConfigError, StageError) as err:
@@ -151,16 +151,17 @@ def read_params(path: str) -> Params:
 _DETERMINISM: DeterminismSettings | None = None  # what stage_main set; tagged on the stage's MLflow run
 
 
-def make_stage_deterministic(params_path: str) -> DeterminismSettings:
-    """Seed random/numpy/torch with the params file's ``seed``, deterministic torch algorithms and a
-    fixed thread count (``OMP_NUM_THREADS`` if set, else at most 2: components.determinism), before
-    the stage does anything. The thread count can change float results: it is tagged on the MLflow run.
+def make_stage_deterministic(params: Params) -> DeterminismSettings:
+    """Seed random/numpy/torch with ``params.seed``, deterministic torch algorithms and a fixed thread
+    count (``OMP_NUM_THREADS`` if set, else at most 2: components.determinism), before the stage does
+    anything. The thread count can change float results: it is tagged on the MLflow run.
 
-    The params file is validated here (a bad one raises ConfigError, as the stage itself would).
-    Stages that need their own streams still derive them from params.seed (e.g. per-iteration seeds).
+    ``params`` is the stage's validated params file (:func:`read_params`, which stage_main calls once
+    before this). Stages that need their own streams still derive them from params.seed (e.g.
+    per-iteration seeds).
     """
     global _DETERMINISM
-    settings = _DETERMINISM = make_deterministic(read_params(params_path).seed)
+    settings = _DETERMINISM = make_deterministic(params.seed)
     print(
         f"determinism: seed {settings.seed}, {settings.threads} torch thread(s), deterministic algorithms",
         flush=True,

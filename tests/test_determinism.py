@@ -199,17 +199,17 @@ def test_stages_seed_from_their_params_file(tmp_path, monkeypatch, restore_torch
     import yaml
 
     from components.config import ConfigError
-    from flows._stage import make_stage_deterministic
+    from flows._stage import make_stage_deterministic, read_params
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({**params, "seed": 3}))
-    settings = make_stage_deterministic(str(path))
+    settings = make_stage_deterministic(read_params(str(path)))
     assert (settings.seed, settings.threads, torch.get_num_threads()) == (3, 1, 1)
     first = _draws()
     make_deterministic(3)
     assert _draws() == first
     path.write_text(yaml.safe_dump({**params, "seed": -1}))
-    with pytest.raises(ConfigError, match="seed"):
-        make_stage_deterministic(str(path))
+    with pytest.raises(ConfigError, match="seed"):  # the file is read (and checked) before seeding
+        read_params(str(path))
