@@ -118,6 +118,35 @@ def test_gspo_equals_sequence_objective_with_row_advantages():
     torch.testing.assert_close(x1.grad, x2.grad * mask)
 
 
+def _loss_grad(name: str, agg: str, logp: torch.Tensor, old, adv, mask) -> torch.Tensor:
+    x = logp.detach().clone().requires_grad_()
+    loss, _ = POLICY_LOSSES[name](logp=x, old_logp=old, advantages=adv, response_mask=mask,
+                                  clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)  # fmt: skip
+    aggregate_loss(loss=loss, response_mask=mask, mode=agg).backward()
+    return x.grad
+
+
+def test_gspo_and_ppo_agree_on_policy_when_replies_are_equally_long():
+    # StepPO (gspo + seq-mean-token-mean) and PPO's loss (ppo + token-mean) with one advantage per row
+    # and replies of one length (sokoban's: 8 tokens each): at ratio 1, an iteration's first optimizer
+    # step, both gradients are -A_i / (B L) d logp_ij; they part only once the ratios move (later steps).
+    g = torch.Generator().manual_seed(2)
+    B, L = 5, 8
+    mask = torch.ones(B, L, dtype=torch.bool)
+    old = -torch.rand(B, L, generator=g, dtype=F64)
+    adv = torch.randn(B, generator=g, dtype=F64)[:, None].expand(B, L).clone()
+    on_gspo = _loss_grad("gspo", "seq-mean-token-mean", old, old, adv, mask)
+    on_ppo = _loss_grad("ppo", "token-mean", old, old, adv, mask)
+    torch.testing.assert_close(on_gspo, on_ppo)
+    torch.testing.assert_close(on_ppo, -adv / (B * L))
+    step = (0.1 * torch.randn(B, L, generator=g, dtype=F64)).clamp(-0.15, 0.15)  # |log r| < log 1.2
+    moved = old + step  # a later optimizer step: every token ratio moved, all within the clip
+    off_gspo = _loss_grad("gspo", "seq-mean-token-mean", moved, old, adv, mask)
+    off_ppo = _loss_grad("ppo", "token-mean", moved, old, adv, mask)
+    assert not torch.allclose(off_gspo, off_ppo)  # each token's own ratio against the row's mean ratio
+    torch.testing.assert_close(off_ppo, -adv * torch.exp(moved - old) / (B * L))
+
+
 # ---- reinforce, registry, shapes ----------------------------------------------------------------
 
 
