@@ -146,7 +146,7 @@ def test_an_out_of_memory_error_ends_the_stage_with_one_line(monkeypatch, capsys
     def run(params: str) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has ...")
 
-    monkeypatch.setattr(stage, "make_stage_deterministic", lambda path: None)
+    monkeypatch.setattr(stage, "make_stage_deterministic", lambda params: None)
     monkeypatch.setattr(sys, "argv", ["flows.train", "--params", "params.yaml"])
     with pytest.raises(SystemExit) as exit_:
         stage_main(run)

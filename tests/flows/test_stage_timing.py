@@ -53,7 +53,7 @@ def test_timed_parts_add_up_and_the_rest_is_other(clock):
 
 
 def test_stage_main_writes_the_record_only_when_the_stage_succeeds(clock, monkeypatch):
-    monkeypatch.setattr(_stage, "make_stage_deterministic", lambda path: None)
+    monkeypatch.setattr(_stage, "make_stage_deterministic", lambda params: None)
 
     def main(params: str, model: str) -> None:
         with _stage.timed("episodes"):
