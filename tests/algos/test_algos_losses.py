@@ -118,10 +118,10 @@ def test_gspo_equals_sequence_objective_with_row_advantages():
     torch.testing.assert_close(x1.grad, x2.grad * mask)
 
 
-def _loss_grad(name: str, agg: str, logp: torch.Tensor, old, adv, mask) -> torch.Tensor:
+def _loss_grad(name: str, agg: str, logp: torch.Tensor, old, adv, mask, clip=(0.2, 0.2)) -> torch.Tensor:
     x = logp.detach().clone().requires_grad_()
     loss, _ = POLICY_LOSSES[name](logp=x, old_logp=old, advantages=adv, response_mask=mask,
-                                  clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)  # fmt: skip
+                                  clip_low=clip[0], clip_high=clip[1], clip_ratio_c=3.0)  # fmt: skip
     aggregate_loss(loss=loss, response_mask=mask, mode=agg).backward()
     return x.grad
 
@@ -145,6 +145,32 @@ def test_gspo_and_ppo_agree_on_policy_when_replies_are_equally_long():
     off_ppo = _loss_grad("ppo", "token-mean", moved, old, adv, mask)
     assert not torch.allclose(off_gspo, off_ppo)  # each token's own ratio against the row's mean ratio
     torch.testing.assert_close(off_ppo, -adv * torch.exp(moved - old) / (B * L))
+
+
+def test_gspo_clip_matched_to_the_reply_clips_where_ppo_clips_its_one_moving_token():
+    # An 8-token reply whose 7 fixed tokens keep ratio 1 and whose move token has ratio r: GSPO's
+    # sequence ratio is r^(1/8), so its clip (1 - 0.8^(1/8), 1.2^(1/8) - 1) (about 0.028 / 0.023,
+    # docs/steppo.md) stops the gradient exactly where PPO's clip 0.2 stops the move token's.
+    L = 8
+    # the move's ratios, all below PPO's dual clip (3), which GSPO does not have
+    r = torch.tensor([0.5, 0.7, 0.79, 0.81, 0.95, 1.05, 1.19, 1.21, 1.5, 2.5], dtype=F64)
+    B = 2 * len(r)
+    old = torch.full((B, L), -1e-3, dtype=F64)
+    old[:, 3] = -0.7  # the move token
+    logp = old.clone()
+    logp[:, 3] += torch.log(r).repeat(2)
+    adv = torch.cat([torch.ones(len(r)), -torch.ones(len(r))]).to(F64)[:, None].expand(B, L).clone()
+    mask = torch.ones(B, L, dtype=torch.bool)
+    matched = (1 - 0.8 ** (1 / L), 1.2 ** (1 / L) - 1)
+    g_gspo = _loss_grad("gspo", "seq-mean-token-mean", logp, old, adv, mask, clip=matched)
+    g_ppo = _loss_grad("ppo", "token-mean", logp, old, adv, mask)
+    gspo_live = g_gspo.abs().sum(1) > 0
+    ppo_live = g_ppo[:, 3].abs() > 0
+    torch.testing.assert_close(gspo_live, ppo_live)
+    # the clip stops a row only when it moved with its advantage past 0.2: r > 1.2 for A > 0, r < 0.8 for A < 0
+    torch.testing.assert_close(ppo_live, torch.cat([r <= 1.2, r >= 0.8]))
+    # a clip of 0.2 on the sequence ratio (r in [0.17, 4.3]) stops none of these rows
+    assert (_loss_grad("gspo", "seq-mean-token-mean", logp, old, adv, mask).abs().sum(1) > 0).all()
 
 
 # ---- reinforce, registry, shapes ----------------------------------------------------------------
