@@ -43,16 +43,31 @@ def test_the_pool_deployment_runs_the_pipeline_module_in_the_workers_clone(monke
     assert "targets" in dep._parameter_openapi_schema.properties  # the typed form of the UI
 
 
-def test_the_pull_step_resolves_to_the_workers_clone(monkeypatch, tmp_path):
-    """Prefect's own step runner, as a flow run of a worker runs it: the directory is the worker's."""
-    import asyncio
-
-    from prefect.deployments.steps.core import run_steps
-
-    monkeypatch.setenv("STEPRL_REPO", str(tmp_path))
-    monkeypatch.chdir(REPO)
-    out = asyncio.run(run_steps([pool.PULL_STEP]))
-    assert Path(out["directory"]) == tmp_path and Path.cwd() == tmp_path
+def test_the_pull_step_resolves_to_the_workers_clone(tmp_path):
+    """Prefect's own step runner, as a flow run of a worker runs it: the directory is the worker's.
+    In a process of its own, with a Prefect home of its own: the runner resolves blocks and variables
+    through an API, so without one it starts a temporary server, which must not outlive the test nor
+    write into the repo's .prefect/ (stopped in this process at exit, after pytest closed its streams,
+    its last log line was a 'Logging error' traceback at the end of every test run)."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    code = (
+        "import asyncio, os\n"
+        "from prefect.deployments.steps.core import run_steps\n"
+        "from flows import pool\n"
+        "out = asyncio.run(run_steps([pool.PULL_STEP]))\n"
+        "print('RESULT', out['directory'], os.getcwd(), sep='\\n')\n"
+    )
+    env = {**os.environ, "STEPRL_REPO": str(clone), "PREFECT_HOME": str(tmp_path / ".prefect")}
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    directory, cwd = done.stdout.split("RESULT\n", 1)[1].split()
+    assert Path(directory) == clone and Path(cwd) == clone
+    # its temporary server's database: in this home, not the repo's
+    assert (tmp_path / ".prefect" / "prefect.db").is_file()
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "-x", "a/b", "x" * 64])
