@@ -469,7 +469,8 @@ class CriticWarmupParams(Section):
     # on the SFT policy's returns once, before any RL run starts from it. Episodes of the SFT policy
     # (0 = off: each run's critic starts from the SFT backbone with a zero value head).
     episodes: int = Field(0, ge=0)
-    # Share of those episodes (whole trajectories) held out to measure explained variance.
+    # Episodes beyond the RL prompts play each prompt again (in new orders: no prompt two ahead).
+    # Share of the prompts (each with all its episodes) held out to measure explained variance.
     held_out: float = Field(0.2, gt=0, lt=1)
     # Step rows per optimizer step, learning rate, and the most optimizer steps.
     batch_size: int = Field(128, ge=1)

@@ -425,13 +425,17 @@ def _diagnostics_table(params: Params) -> list[str]:
         }
         spread = series["group_reward_std"] or series["reward_std"]
         ev = _series(curve, "vf_explained_var")
+        first = f"{ev[0]:.3f}" if ev else ""
+        band = [_series(curve, f"vf_explained_var_{side}") for side in ("low", "high")]
+        if ev and all(len(b) == len(ev) for b in band):
+            first += f" [{band[0][0]:.3f}, {band[1][0]:.3f}]"
         cells = [
             name,
             *(
                 str(trend(v)) if trend(v) else "-"
                 for v in (spread, series["entropy"], series["distinct_actions"], series["success"])
             ),
-            f"{ev[0]:.3f} / {min(ev):.3f} / {ev[-1]:.3f}" if ev else "-",
+            f"{first} / {min(ev):.3f} / {ev[-1]:.3f}" if ev else "-",
             read_trend(series) if spread and series["entropy"] else "-",
         ]
         lines.append(_row(cells))
@@ -529,8 +533,10 @@ DIAGNOSTICS_TEXT = (
     "success rate, all over every sampled trajectory (components/train/collapse.py). A fall of at least "
     "half, with training success falling, reads as a collapse; with success rising, as a policy converging. "
     "For PPO and StepPO, the critic's explained variance of the returns on the iteration's fresh batch "
-    "(held out from everything the critic was fitted on) at the first iteration, its lowest over the run "
-    "(did an in-run update undo the warm-up?) and at the last iteration.\n\n"
+    "(held out from everything the critic was fitted on) at the first iteration, with its 95% bootstrap "
+    "interval over the batch's trajectories (one batch is a small sample: the figure moves by several "
+    "hundredths between batches), its lowest over the run (did an in-run update undo the warm-up?) and at "
+    "the last iteration.\n\n"
 )
 
 

@@ -2,11 +2,12 @@
 
 With ``critic_warmup.episodes`` > 0 it plays that many episodes of the SFT policy (the rollout engine,
 ``train.temperature``, one episode per RL prompt: train rows after ``sft.rows``, drawn with
-``seed``), fits a critic (the SFT backbone, a zero value head) to their discounted returns until its
-explained variance on held-out selection trajectories stops rising (components/train/critic_fit.py),
+``seed``; more episodes than prompts play each prompt again), fits a critic (the SFT backbone, a
+zero value head) to their discounted returns until its explained variance on held-out selection
+prompts stops rising (components/train/critic_fit.py),
 and writes the best fit to models/critic (HF format, with its Adam moments in adam_moments.pt where
 the optimizer is a plain torch one), metrics/critic_warmup.json (``held_out_ev_*``: measured once on
-report trajectories that chose nothing; ``selection_best_ev_*``: the best of the measurements that
+report prompts that chose nothing; ``selection_best_ev_*``: the best of the measurements that
 chose the step) and plots/critic_warmup.csv (the selection split's explained variance by optimizer
 step; drawn in MLflow). Every ppo and steppo run (any RL seed) starts its critic from
 models/critic (flows/train_settings.warm_critic), so the warm-up is paid once per task and SFT
@@ -50,22 +51,35 @@ CURVE = REPO / "plots" / "critic_warmup.csv"
 
 
 @task(cache_policy=NO_CACHE)
+def pick_prompts(rows: list[dict], episodes: int, seed: int) -> list[tuple[dict, int]]:
+    """(prompt row, repeat) for ``episodes`` episodes: each RL prompt once, in an order drawn with
+    ``seed``, while they last; beyond them every prompt again (repeat 1, 2, ...), each round in a new
+    order, so that no prompt has two episodes more than another."""
+    rng = random.Random(seed * 7_919 + 17)
+    picked = [(row, 0) for row in rng.sample(rows, min(episodes, len(rows)))]
+    k = 1
+    while len(picked) < episodes:
+        order = rng.sample(rows, min(episodes - len(picked), len(rows)))
+        picked += [(row, k) for row in order]
+        k += 1
+    return picked
+
+
 def rollout(params: Params) -> list[dict]:
-    """``critic_warmup.episodes`` episodes of the SFT policy, one per RL prompt, at train.temperature."""
+    """``critic_warmup.episodes`` episodes of the SFT policy at train.temperature: one per RL prompt,
+    and more than one per prompt where there are more episodes than prompts (:func:`pick_prompts`;
+    a prompt's episodes share its group id, which keeps them in one split)."""
     spec, r, t = get_task(params.task), params.rollout, params.train
     data_dir = processed(params.task)
     rows = rl_prompts(pl.read_parquet(data_dir / "train.parquet"), params).to_dicts()
-    picked = random.Random(params.seed * 7_919 + 17).sample(
-        rows, min(params.critic_warmup.episodes, len(rows))
-    )
     episodes = [
         Episode(
-            f"w-{row['id']}",
+            f"w-{row['id']}" + (f"-{k}" if k else ""),
             f"w-{row['id']}",
             spec.make_env(row, malformed_penalty=t.malformed_penalty, data_dir=data_dir),
             row,
         )
-        for row in picked
+        for row, k in pick_prompts(rows, params.critic_warmup.episodes, params.seed)
     ]
     with timed("engine_start"):
         engine, renderer = open_engine(params, SFT)
@@ -88,24 +102,30 @@ def rollout(params: Params) -> list[dict]:
 def split_trajectories(
     rows: list[dict], held_out: float, seed: int
 ) -> tuple[list[dict], list[dict], list[dict]]:
-    """(train, selection, report) rows: a share ``held_out`` of the trajectories is held out whole and
-    halved, the first half choosing the fit's step, the second measuring it once (unbiased). Raises a
-    ValueError naming critic_warmup.episodes / held_out when a split would be empty."""
-    trajs = sorted({r["traj_id"] for r in rows})
-    random.Random(seed).shuffle(trajs)
-    n_held = math.ceil(held_out * len(trajs))
+    """(train, selection, report) rows: a share ``held_out`` of the prompts (groups: a prompt's
+    episodes, or a trajectory where rows have no ``group_id``) is held out whole and halved, the first
+    half choosing the fit's step, the second measuring it once (unbiased); an episode of a held-out
+    start state never trains the critic. Raises a ValueError naming critic_warmup.episodes / held_out
+    when a split would be empty."""
+
+    def group(r: dict) -> str:
+        return r.get("group_id") or r["traj_id"]
+
+    groups = sorted({group(r) for r in rows})
+    random.Random(seed).shuffle(groups)
+    n_held = math.ceil(held_out * len(groups))
     n_select = math.ceil(n_held / 2)
-    if n_held < 2 or n_held >= len(trajs):
+    if n_held < 2 or n_held >= len(groups):
         raise ValueError(
-            f"critic warm-up: {len(trajs)} trajectories with critic_warmup.held_out={held_out} hold out "
-            f"{n_held}; the fit needs at least one train trajectory and two held out (one to choose the "
+            f"critic warm-up: {len(groups)} prompts with critic_warmup.held_out={held_out} hold out "
+            f"{n_held}; the fit needs at least one train prompt and two held out (one to choose the "
             "step, one to report it): raise critic_warmup.episodes or change critic_warmup.held_out"
         )
-    select, report = set(trajs[:n_select]), set(trajs[n_select:n_held])
+    select, report = set(groups[:n_select]), set(groups[n_select:n_held])
     return (
-        [r for r in rows if r["traj_id"] not in select and r["traj_id"] not in report],
-        [r for r in rows if r["traj_id"] in select],
-        [r for r in rows if r["traj_id"] in report],
+        [r for r in rows if group(r) not in select and group(r) not in report],
+        [r for r in rows if group(r) in select],
+        [r for r in rows if group(r) in report],
     )
 
 

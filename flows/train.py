@@ -563,6 +563,8 @@ CURVE_COLUMNS = {
     "entropy": "collapse/entropy",
     "distinct_actions": "collapse/distinct_actions",
     "vf_explained_var": "critic/vf_explained_var",
+    "vf_explained_var_low": "critic/vf_explained_var_low",
+    "vf_explained_var_high": "critic/vf_explained_var_high",
 }
 
 

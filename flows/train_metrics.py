@@ -8,6 +8,10 @@ tool_calls_per_episode), ``tool_calls/answer_without_tool_rate`` (= answer_witho
 ``process_reward/mean`` and ``process_reward/scored_step_frac``: the task's process rewards (the mean
 over the steps it scored, and the share of steps it scored), for tasks that score tool calls.
 
+For critic-based estimators, ``critic/vf_explained_var`` is the critic's explained variance of the
+returns on the iteration's batch (its values from before the update), with ``_low`` / ``_high``, its
+95% bootstrap interval over the batch's trajectories (``components.stats.explained_variance_interval``).
+
 For estimators that group steps by state (``gigpo``), :func:`anchor_metrics` adds
 ``gigpo/anchor_groups``, ``gigpo/anchor_group_size`` and ``gigpo/anchored_step_frac``
 (``components.train.advantage.anchor_group_stats``).
@@ -18,16 +22,8 @@ from __future__ import annotations
 import polars as pl
 
 from components.algos import get_advantage_estimator
+from components.stats import explained_variance_interval
 from components.train.advantage import anchor_group_stats
-
-
-def _explained_var(returns: list[float], values: list[float]) -> float:
-    if len(returns) < 2:
-        return 0.0
-    r = pl.Series(returns)
-    resid = r - pl.Series(values)
-    var = r.var()
-    return float(1.0 - resid.var() / var) if var and var > 0 else 0.0
 
 
 def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str, float]:
@@ -77,13 +73,17 @@ def iteration_metrics(batch: pl.DataFrame, update: dict[str, float]) -> dict[str
     if "values" in batch.columns and batch["values"].null_count() < batch.height:
         vals = batch["values"].explode().drop_nulls()
         m["critic/values/mean"] = vals.mean()
-        pairs = [
-            (r, v)
-            for rs, vs in zip(batch["returns"].to_list(), batch["values"].to_list())
-            if vs
-            for r, v in zip(rs, vs)
-        ]
-        m["critic/vf_explained_var"] = _explained_var([p[0] for p in pairs], [p[1] for p in pairs])
+        # per trajectory: its rows' (token or step) returns and values, for the interval's resampling
+        groups: dict[str, tuple[list[float], list[float]]] = {}
+        for t, rs, vs in zip(batch["traj_id"], batch["returns"].to_list(), batch["values"].to_list()):
+            if vs:
+                g = groups.setdefault(t, ([], []))
+                g[0].extend(rs[: len(vs)])
+                g[1].extend(vs[: len(rs)])
+        ev = explained_variance_interval([g[0] for g in groups.values()], [g[1] for g in groups.values()])
+        m["critic/vf_explained_var"] = ev.value
+        m["critic/vf_explained_var_low"] = ev.low
+        m["critic/vf_explained_var_high"] = ev.high
     m.update(update)
     return {k: float(v) for k, v in m.items() if v is not None}
 

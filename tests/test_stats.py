@@ -11,6 +11,7 @@ from components.stats import (
     between_problem_share,
     curve_band,
     difference_interval,
+    explained_variance_interval,
     mean_interval,
     problem_results,
     score_matrix,
@@ -248,3 +249,56 @@ def test_between_problem_share_needs_two_episodes_and_some_variation():
         between_problem_share([0.5, 1.5], 4)
     with pytest.raises(ValueError, match=">= 2 problems"):
         between_problem_share([0.5], 4)
+
+
+# --- a critic's explained variance on one batch ----------------------------------------------------
+
+
+def _ev(r, v) -> float:
+    r, v = np.concatenate(r), np.concatenate(v)
+    return 1 - np.var(r - v, ddof=1) / np.var(r, ddof=1)
+
+
+def test_explained_variance_interval_value_is_the_plain_figure_and_the_interval_holds_it():
+    rng = np.random.default_rng(3)
+    # 60 trajectories of 3-8 entries: a return per trajectory, a value that knows half of it
+    outcome = rng.normal(size=60)
+    returns = [np.full(rng.integers(3, 9), o) for o in outcome]
+    values = [0.5 * r + rng.normal(scale=0.3, size=len(r)) for r in returns]
+    est = explained_variance_interval(returns, values, n_resamples=2_000)
+    assert est.value == pytest.approx(_ev(returns, values), abs=1e-9)
+    assert est.low < est.value < est.high
+    # the interval resamples whole trajectories: about as wide as the spread of the figure over
+    # independent batches of 60 trajectories, not the much narrower one of entries drawn one by one
+    batches = []
+    for _ in range(200):
+        o = rng.normal(size=60)
+        r = [np.full(rng.integers(3, 9), x) for x in o]
+        batches.append(_ev(r, [0.5 * x + rng.normal(scale=0.3, size=len(x)) for x in r]))
+    assert 0.5 < (est.high - est.low) / (2 * 1.96 * np.std(batches)) < 2.0
+
+
+def test_explained_variance_interval_of_a_perfect_and_of_a_useless_critic():
+    returns = [[1.0, 1.0], [0.0, 0.0, 0.0], [2.0], [0.5, 0.5]]
+    perfect = explained_variance_interval(returns, returns)
+    assert (perfect.value, perfect.low, perfect.high) == (1.0, 1.0, 1.0)
+    mean = float(np.concatenate(returns).mean())
+    constant = explained_variance_interval(returns, [[mean] * len(r) for r in returns])
+    assert constant.value == pytest.approx(0.0, abs=1e-12)
+    assert constant.high <= 1e-12  # a constant value never explains anything; resamples go below 0
+
+
+@pytest.mark.parametrize("level", [0.0, 0.971875, 10.0, 100.0])
+def test_explained_variance_interval_of_returns_that_do_not_vary_is_zero(level):
+    # float sums of equal returns are not exactly 0 in variance; the figure must still be 0, not noise
+    returns = [[level] * 9 for _ in range(20)]
+    values = [[level + 0.1 * (i % 3)] * 9 for i in range(20)]
+    est = explained_variance_interval(returns, values)
+    assert (est.value, est.low, est.high) == (0.0, 0.0, 0.0)
+
+
+def test_explained_variance_interval_rejects_mismatched_groups():
+    with pytest.raises(ValueError, match="2 return groups, 1 value groups"):
+        explained_variance_interval([[1.0], [2.0]], [[1.0]])
+    with pytest.raises(ValueError, match="group 1 has 2 returns and 1 values"):
+        explained_variance_interval([[1.0], [2.0, 3.0]], [[1.0], [2.0]])

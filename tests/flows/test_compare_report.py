@@ -239,7 +239,7 @@ def test_per_tool_columns_of_a_two_tool_task(workspace):
 def test_collapse_signs_and_critic_per_run(workspace):
     """The diagnostics table reads each run's csv: first vs last quarter of its iterations (8 here: 2 each)."""
     root, params = workspace
-    cols = "iteration,val_accuracy,score_mean,train_accuracy,group_reward_std,reward_std,entropy,distinct_actions,vf_explained_var"
+    cols = "iteration,val_accuracy,score_mean,train_accuracy,group_reward_std,reward_std,entropy,distinct_actions,vf_explained_var,vf_explained_var_low,vf_explained_var_high"
     # grpo-s0 collapses: spread and entropy halve while success falls; grpo-s1 converges (success rises);
     # ppo-s0 holds steady and has a critic whose explained variance dips after its first update; ppo-s1's csv predates the columns
     runs = {
@@ -258,9 +258,10 @@ def test_collapse_signs_and_critic_per_run(workspace):
         "ppo-s0": ([0.5] * 8, [3.0] * 8, [0.2] * 8, "ev"),
     }
     for name, (success, spread, entropy, ev) in runs.items():
-        lines = [cols, "-1,0.5,,,,,,,"]
+        lines = [cols, "-1,0.5,,,,,,,,,"]
         for k in range(8):
-            critic = f"{[0.1, -0.2, 0.0, 0.15, 0.2, 0.3, 0.4, 0.45][k]:.2f}" if ev else ""
+            v = [0.1, -0.2, 0.0, 0.15, 0.2, 0.3, 0.4, 0.45][k]
+            critic = f"{v:.2f},{v - 0.05:.2f},{v + 0.04:.2f}" if ev else ",,"
             group = spread[k] if name.startswith("grpo") else ""
             lines.append(f"{k},,1.0,{success[k]},{group},{spread[k]},{entropy[k]},2.0,{critic}")
         (root / "plots" / f"train_{name}.csv").write_text("\n".join(lines) + "\n")
@@ -273,7 +274,9 @@ def test_collapse_signs_and_critic_per_run(workspace):
     )
     assert cells(report, "grpo-s1", 1)[6].endswith("converging rather than collapsing")
     p0 = cells(report, "ppo-s0", 1)
-    assert p0[5] == "0.100 / -0.200 / 0.450" and p0[6].startswith("no sign of collapse (reward std 3 -> 3")
+    assert p0[5] == "0.100 [0.050, 0.140] / -0.200 / 0.450" and p0[6].startswith(
+        "no sign of collapse (reward std 3 -> 3"
+    )
     assert cells(report, "ppo-s1", 1)[1:] == ["-"] * 6  # an old csv: nothing to read
 
 

@@ -1,11 +1,14 @@
-"""flows/critic_warmup.py's split of the warm-up episodes: train / selection / report, whole
-trajectories, none empty."""
+"""flows/critic_warmup.py's episodes and their split: which prompts the warm-up plays (each once,
+then again when there are more episodes than prompts), and train / selection / report splits of
+whole prompts, none empty."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from flows.critic_warmup import split_trajectories
+from flows.critic_warmup import pick_prompts, split_trajectories
 
 
 def rows(n: int) -> list[dict]:
@@ -20,7 +23,47 @@ def test_three_disjoint_splits_of_whole_trajectories():
     assert len(train) + len(select) + len(report) == 20  # every step row, trajectories kept whole
 
 
+def test_a_prompts_episodes_stay_in_one_split():
+    # three episodes of each of 10 prompts: a held-out prompt's episodes are all held out, so no
+    # start state the report measures was fitted
+    rows3 = [
+        {"traj_id": f"p{p}-{k}", "group_id": f"p{p}", "step": s}
+        for p in range(10)
+        for k in range(3)
+        for s in range(2)
+    ]
+    parts = split_trajectories(rows3, held_out=0.2, seed=0)
+    groups = [{r["group_id"] for r in part} for part in parts]
+    assert [len(g) for g in groups] == [8, 1, 1]
+    assert not (groups[0] & groups[1] or groups[0] & groups[2] or groups[1] & groups[2])
+    assert [len(part) for part in parts] == [48, 6, 6]
+
+
 @pytest.mark.parametrize(("n", "held_out"), [(1, 0.2), (3, 0.2), (4, 0.99)])
 def test_an_empty_split_names_the_keys(n, held_out):
     with pytest.raises(ValueError, match=r"critic_warmup\.episodes.*critic_warmup\.held_out"):
         split_trajectories(rows(n), held_out=held_out, seed=0)
+
+
+def prompts(n: int) -> list[dict]:
+    return [{"id": i} for i in range(n)]
+
+
+def test_no_more_episodes_than_prompts_plays_each_picked_prompt_once():
+    picked = pick_prompts(prompts(10), 6, seed=0)
+    assert len(picked) == 6
+    assert all(k == 0 for _, k in picked)
+    assert len({row["id"] for row, _ in picked}) == 6
+    assert picked == pick_prompts(prompts(10), 6, seed=0)  # drawn with the seed
+    assert picked != pick_prompts(prompts(10), 6, seed=1)
+
+
+@pytest.mark.parametrize("episodes", [10, 23, 30])
+def test_more_episodes_than_prompts_play_every_prompt_again_evenly(episodes):
+    picked = pick_prompts(prompts(10), episodes, seed=0)
+    assert len(picked) == episodes
+    per_prompt = Counter(row["id"] for row, _ in picked)
+    assert set(per_prompt) == set(range(10))
+    assert max(per_prompt.values()) - min(per_prompt.values()) <= 1
+    # (prompt, repeat) pairs are unique: each episode gets its own trajectory id
+    assert len({(row["id"], k) for row, k in picked}) == episodes

@@ -3,6 +3,7 @@ evaluation's episode_metrics on the same step records."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -116,3 +117,23 @@ def test_anchor_metrics_only_for_estimators_that_group_by_state():
     # a batch without obs_key (rollouts of an older loop): groups by step index, as the estimator does
     no_keys = batch.drop("obs_key")
     assert anchor_metrics(no_keys, "gigpo")["gigpo/anchor_groups"] == 1.0  # step 0 of g: {a, b}; c alone in h
+
+
+def test_critic_explained_variance_with_its_interval_over_trajectories():
+    # 40 trajectories of 2 steps x 4 tokens; the value knows the return up to noise
+    rows = []
+    for t in range(40):
+        ret = float(t % 5)
+        for s in range(2):
+            r = _row(f"t{t}", s, reward=ret if s == 1 else 0.0, done=s == 1)
+            r["returns"] = [ret] * 4
+            r["values"] = [ret + (0.8 if (t + s) % 2 else -0.8)] * 4
+            rows.append(r)
+    m = iteration_metrics(pl.DataFrame(rows), {})
+    returns = np.array([x for r in rows for x in r["returns"]])
+    values = np.array([x for r in rows for x in r["values"]])
+    plain = 1 - np.var(returns - values, ddof=1) / np.var(returns, ddof=1)
+    assert m["critic/vf_explained_var"] == pytest.approx(plain)
+    assert m["critic/vf_explained_var_low"] < plain < m["critic/vf_explained_var_high"]
+    # without values (a critic-free estimator) no critic figure at all
+    assert not any(k.startswith("critic/vf_") for k in iteration_metrics(pl.DataFrame(_batch()), {}))
