@@ -50,7 +50,6 @@ METRICS = REPO / "metrics" / "critic_warmup.json"
 CURVE = REPO / "plots" / "critic_warmup.csv"
 
 
-@task(cache_policy=NO_CACHE)
 def pick_prompts(rows: list[dict], episodes: int, seed: int) -> list[tuple[dict, int]]:
     """(prompt row, repeat) for ``episodes`` episodes: each RL prompt once, in an order drawn with
     ``seed``, while they last; beyond them every prompt again (repeat 1, 2, ...), each round in a new
@@ -65,6 +64,7 @@ def pick_prompts(rows: list[dict], episodes: int, seed: int) -> list[tuple[dict,
     return picked
 
 
+@task(cache_policy=NO_CACHE)
 def rollout(params: Params) -> list[dict]:
     """``critic_warmup.episodes`` episodes of the SFT policy at train.temperature: one per RL prompt,
     and more than one per prompt where there are more episodes than prompts (:func:`pick_prompts`;
