@@ -53,13 +53,12 @@ CURVE = REPO / "plots" / "critic_warmup.csv"
 def pick_prompts(rows: list[dict], episodes: int, seed: int) -> list[tuple[dict, int]]:
     """(prompt row, repeat) for ``episodes`` episodes: each RL prompt once, in an order drawn with
     ``seed``, while they last; beyond them every prompt again (repeat 1, 2, ...), each round in a new
-    order, so that no prompt has two episodes more than another."""
+    order, so that no prompt has two episodes more than another. No prompts, no episodes."""
     rng = random.Random(seed * 7_919 + 17)
-    picked = [(row, 0) for row in rng.sample(rows, min(episodes, len(rows)))]
-    k = 1
-    while len(picked) < episodes:
-        order = rng.sample(rows, min(episodes - len(picked), len(rows)))
-        picked += [(row, k) for row in order]
+    picked: list[tuple[dict, int]] = []
+    k = 0
+    while rows and len(picked) < episodes:
+        picked += [(row, k) for row in rng.sample(rows, min(episodes - len(picked), len(rows)))]
         k += 1
     return picked
 

@@ -67,3 +67,8 @@ def test_more_episodes_than_prompts_play_every_prompt_again_evenly(episodes):
     assert max(per_prompt.values()) - min(per_prompt.values()) <= 1
     # (prompt, repeat) pairs are unique: each episode gets its own trajectory id
     assert len({(row["id"], k) for row, k in picked}) == episodes
+
+
+def test_no_prompts_give_no_episodes():
+    # a train split with no RL prompt left: nothing to play (the split then names the keys), no endless loop
+    assert pick_prompts([], 10, seed=0) == []
