@@ -65,11 +65,20 @@ def value_targets(rows: Sequence[dict[str, Any]], gamma: float) -> list[dict[str
 
 
 def explained_variance(returns: Tensor, values: Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns) (0 when the returns do not vary)."""
-    var = returns.var()
-    if returns.numel() < 2 or float(var) <= 0:
+    """1 - Var(returns - values) / Var(returns), in float64; 0 when the returns do not vary.
+
+    Equal returns summed in floating point leave a variance at rounding level rather than exactly 0
+    (0.97 seven times in float32: about 2e-14), over which any residual is a huge negative figure; so
+    returns vary only where Var(R) > 1e-12 * mean(R^2), the rule of
+    ``components.stats.explained_variance_interval``, which reports the same figure for a batch."""
+    r = returns.detach().double().flatten()
+    e = r - values.detach().double().flatten()
+    if r.numel() < 2:
         return 0.0
-    return float(1.0 - (returns - values).var() / var)
+    var_r = r.var()
+    if not float(var_r) > 1e-12 * float((r * r).mean()):
+        return 0.0
+    return float(1.0 - e.var() / var_r)
 
 
 @dataclass

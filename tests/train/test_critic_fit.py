@@ -63,6 +63,30 @@ def test_explained_variance_by_hand():
     assert explained_variance(torch.ones(3), torch.zeros(3)) == 0.0  # returns that do not vary
 
 
+@pytest.mark.parametrize("level", [0.1, 1 / 3, 0.97, 10.0, 100.0])
+@pytest.mark.parametrize("n", [3, 7, 100, 1001])
+def test_explained_variance_of_equal_returns_is_zero_at_every_magnitude(level: float, n: int):
+    # float32 sums of equal returns do not give a variance of exactly 0 (0.97 seven times: ~2e-14);
+    # divided into the residuals' variance that was a figure of -1e12 and below
+    returns = torch.full((n,), level)
+    assert explained_variance(returns, torch.linspace(0.0, 1.0, n)) == 0.0
+    assert explained_variance(returns, returns) == 0.0
+
+
+def test_explained_variance_agrees_with_the_batch_statistic():
+    # the warm-up's figure and the runs' (components.stats, per trajectory with an interval) are one
+    from components.stats import explained_variance_interval
+
+    g = torch.Generator().manual_seed(0)
+    returns = torch.randint(0, 2, (60,), generator=g).float() * 0.9
+    values = returns * 0.5 + 0.3 * torch.rand(60, generator=g)
+    groups = [slice(i, i + 6) for i in range(0, 60, 6)]
+    batch = explained_variance_interval(
+        [returns[s].tolist() for s in groups], [values[s].tolist() for s in groups], n_resamples=100
+    )
+    assert explained_variance(returns, values) == pytest.approx(batch.value, abs=1e-6)
+
+
 def episodes(n: int, seed: int, signal: bool = True) -> list[dict]:
     """Two-step trajectories whose prompt holds token 5 or 6: with ``signal`` the final reward is 4 after
     a 5 and 0 after a 6 (the value depends on the state), else a coin flip independent of it."""
