@@ -6,7 +6,7 @@ token. Does not: know about trajectories or steps (see ``step_layout``), or comp
 
 Departures from the usual formulas:
 1. ``whiten`` of fewer than two elements only centres them (the unbiased std is undefined), so a
-   single value whitens to 0 instead of NaN.
+   single value whitens to 0 instead of NaN; flat values (the rule of 2.) whiten to exactly 0.
 2. ``group_center`` gives exactly 0 to every member of a flat group (two or more values whose spread
    max - min is at most ``GROUP_FLAT_RTOL`` times the group's largest |x|): the float32 mean of equal
    values can miss them by an ulp, and a division by std + 1e-6 would blow that up.
@@ -47,10 +47,14 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 
 def whiten(x: Tensor, mask: Tensor) -> Tensor:
-    """(x - mean) / (std + 1e-8) over the elements where ``mask`` is true; 0 elsewhere. std unbiased."""
+    """(x - mean) / (std + 1e-8) over the elements where ``mask`` is true; 0 elsewhere. std unbiased.
+    Flat values (max - min <= GROUP_FLAT_RTOL * max |x|, as ``group_center``) whiten to exactly 0:
+    their float32 mean misses them by an ulp, which divided by std + 1e-8 came out near +-1."""
     m = mask.bool()
     vals = x[m]  # (K,)
     if vals.numel() == 0:
+        return torch.zeros_like(x)
+    if vals.numel() > 1 and float(vals.max() - vals.min()) <= GROUP_FLAT_RTOL * float(vals.abs().max()):
         return torch.zeros_like(x)
     mean = vals.mean()
     std = vals.std() if vals.numel() > 1 else torch.ones((), dtype=x.dtype, device=x.device)

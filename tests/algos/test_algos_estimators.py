@@ -516,6 +516,25 @@ def test_group_of_equal_returns_gives_exactly_zero(base):
     assert torch.equal(with_step, without), (with_step - without).abs().max().item()
 
 
+@pytest.mark.parametrize("name", ["reinforce", "reinforce_pp", "reinforce_pp_baseline", "gae", "step_gae"])
+@pytest.mark.parametrize("base", [-0.1, 0.97, 10.0, 100.0])
+def test_whitening_equal_advantages_gives_exactly_zero(name, base):
+    """Every row earning the same float32 reward (no discounting, one step each, a zero critic): the
+    advantages before whitening are all equal (or all 0), and whitened they are exactly 0 at every
+    magnitude; the float32 mean of equal values missed them by an ulp, which whitening (std + 1e-8)
+    turned into advantages of about +-0.4 to +-0.9 (0.97 over 7 rows, -0.1 over 100)."""
+    n = 7 if base == 0.97 else 100
+    kw = dict(
+        rewards=torch.full((n,), base), response_mask=torch.ones(n, 1), traj_index=torch.arange(n),
+        step_index=torch.zeros(n, dtype=torch.long), group_index=torch.zeros(n, dtype=torch.long), gamma=1.0,
+        norm_adv=True,
+    )  # fmt: skip
+    if name in ("gae", "step_gae"):
+        kw.update(values=torch.zeros(n, 1) if name == "gae" else torch.zeros(n), lam=1.0)
+    adv = get_advantage_estimator(name)(**kw).advantages
+    assert torch.equal(adv, torch.zeros_like(adv)), adv.abs().max().item()
+
+
 def test_group_center_keeps_a_real_spread():
     """A spread well above rounding (1e-3 of 100) is normalised as before, not zeroed."""
     out = get_advantage_estimator("grpo")(
