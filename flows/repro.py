@@ -14,6 +14,10 @@ set (a running `make serve`), the command runs against that server and nothing i
 
 ``--profile NAME`` runs ``dvc exp run`` with one ``-S key=value`` per entry of ``profiles.NAME`` in
 params.yaml (then any further arguments, e.g. more ``-S``), after checking the profile there.
+``dvc exp run -S`` leaves its values in the workspace's params.yaml, and a profile sets only its own
+keys, so a value an earlier experiment set (``-S tasks.sokoban.repeat_hint=true``) applies to the
+next run too: before it starts, a warning names every key whose value differs from the last commit's
+params.yaml and that neither the profile nor a ``-S`` sets (``git checkout params.yaml`` restores them).
 ``-h`` / ``--help`` (before ``--``) prints this text and starts nothing.
 
 The command runs with this interpreter's directory first on PATH, so that the venv's ``dvc`` and,
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from flows import PREFECT_STARTUP_TIMEOUT_S, REPO
 from flows.serve import get_json
@@ -115,6 +120,73 @@ def profile_command(name: str, extra: list[str], params: Path) -> list[str]:
     return ["dvc", "exp", "run", *sets, *extra]
 
 
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a nested mapping (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``); lists are values."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def params_drift(current: dict[str, Any], committed: dict[str, Any], set_keys: set[str]) -> list[str]:
+    """Keys of ``current`` params whose value differs from ``committed`` (both parsed params.yaml),
+    not under ``profiles`` and not set by the run (``set_keys``, dotted, or a section above them), as
+    ``key = value (committed: value)``, sorted."""
+
+    def is_set(key: str) -> bool:
+        return any(key == k or key.startswith(k + ".") for k in set_keys)
+
+    now = {k: v for k, v in _flat(current).items() if not k.startswith("profiles.")}
+    then = {k: v for k, v in _flat(committed).items() if not k.startswith("profiles.")}
+
+    def shown(tree: dict[str, Any], key: str) -> str:
+        return json.dumps(tree[key]) if key in tree else "absent"
+
+    return [
+        f"{key} = {shown(now, key)} (committed: {shown(then, key)})"
+        for key in sorted(set(now) | set(then))
+        if (key in now, now.get(key)) != (key in then, then.get(key)) and not is_set(key)
+    ]
+
+
+def _committed_params(params: Path) -> dict[str, Any] | None:
+    """params.yaml as the repo's last commit has it; None outside a git checkout or without one."""
+    import yaml
+
+    try:
+        out = subprocess.run(
+            ["git", "show", f"HEAD:{params.name}"],
+            cwd=params.parent,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return yaml.safe_load(out.stdout) if out.returncode == 0 else None
+
+
+def warn_params_drift(command: list[str], params: Path) -> None:
+    """Print which params.yaml values left by earlier experiments this profile run keeps."""
+    import yaml
+
+    committed = _committed_params(params)
+    if committed is None:
+        return
+    set_keys = {command[i + 1].split("=", 1)[0] for i in range(len(command) - 1) if command[i] == "-S"}
+    drift = params_drift(yaml.safe_load(params.read_text()), committed, set_keys)
+    if drift:
+        print(
+            f"repro: warning: {params.name} differs from the last commit in keys this run does not set, "
+            "and the run uses them (an earlier `dvc exp run -S` leaves its values there; "
+            f"`git checkout {params.name}` restores the committed ones):\n  " + "\n  ".join(drift),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv[: argv.index("--")] if "--" in argv else argv):
@@ -129,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
         print("repro: " + " ".join(command), flush=True)
+        warn_params_drift(command, REPO / "params.yaml")
     else:
         command = argv[argv.index("--") + 1 :] if "--" in argv else ["dvc", "repro", *argv]
     # Stages of queued DVC experiments run in temporary copies of the repo: they log to this repo's

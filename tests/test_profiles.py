@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from components.config import ConfigError, load_params, parse_params
-from flows.repro import profile_command
+from flows.repro import params_drift, profile_command
 
 REPO = Path(__file__).resolve().parents[1]
 RAW = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -91,3 +91,23 @@ def test_every_profile_key_is_in_params_yaml(profile):
                 break
             node = node[part]
     assert not missing, f"profiles.{profile} sets keys params.yaml does not have: {missing}"
+
+
+def test_values_left_by_an_earlier_experiment_are_named():
+    """`dvc exp run -S tasks.sokoban.repeat_hint=true` leaves the value in params.yaml; the next
+    profile run, which does not set that key, keeps it: the drift names it, and not the keys the run
+    sets (the profile's or a -S, or a section above one), nor anything under profiles."""
+    committed = copy.deepcopy(RAW)
+    current = copy.deepcopy(RAW)
+    current["tasks"]["sokoban"]["repeat_hint"] = True  # left by the earlier experiment
+    current["sft"]["steps"] = 7  # set by this run's -S
+    current["rollout"]["context_window"] = 9  # set by the profile
+    current["profiles"]["sokoban"]["sft.lr"] = 0.5  # a profile's own text is not a run's value
+    current["critic_warmup"]["new_key"] = 1  # a key the commit does not have
+    set_keys = {*RAW["profiles"]["sokoban"], "sft.steps"}
+    assert params_drift(current, committed, set_keys) == [
+        "critic_warmup.new_key = 1 (committed: absent)",
+        "tasks.sokoban.repeat_hint = true (committed: false)",
+    ]
+    assert params_drift(current, committed, set_keys | {"tasks.sokoban", "critic_warmup"}) == []
+    assert params_drift(committed, copy.deepcopy(RAW), set()) == []
