@@ -36,6 +36,12 @@ WHITEN_EPS = 1e-8  # whiten(x) = (x - mean) / (std + WHITEN_EPS)
 GROUP_FLAT_RTOL = 1e-5  # a group is flat when max - min <= GROUP_FLAT_RTOL * max |x| (float32 eps ~1.2e-7)
 
 
+def _flat(hi: Tensor, lo: Tensor) -> Tensor:
+    """Whether values whose max is ``hi`` and min is ``lo`` are equal up to rounding: max - min at most
+    ``GROUP_FLAT_RTOL`` times the largest |x| (elementwise over groups)."""
+    return (hi - lo) <= GROUP_FLAT_RTOL * torch.maximum(hi.abs(), lo.abs())
+
+
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` where ``mask`` is true (0 where nothing is valid). Values outside the mask are
     ignored even if they are inf/NaN."""
@@ -54,7 +60,7 @@ def whiten(x: Tensor, mask: Tensor) -> Tensor:
     vals = x[m]  # (K,)
     if vals.numel() == 0:
         return torch.zeros_like(x)
-    if vals.numel() > 1 and float(vals.max() - vals.min()) <= GROUP_FLAT_RTOL * float(vals.abs().max()):
+    if vals.numel() > 1 and bool(_flat(vals.max(), vals.min())):
         return torch.zeros_like(x)
     mean = vals.mean()
     std = vals.std() if vals.numel() > 1 else torch.ones((), dtype=x.dtype, device=x.device)
@@ -94,8 +100,7 @@ def group_center(x: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     n_groups = int(group.max()) + 1
     hi = x.new_zeros(n_groups).scatter_reduce_(0, group, x, "amax", include_self=False)  # (G,)
     lo = x.new_zeros(n_groups).scatter_reduce_(0, group, x, "amin", include_self=False)  # (G,)
-    scale = torch.maximum(hi.abs(), lo.abs())  # (G,) largest |x| of the group
-    flat = ((hi - lo) <= GROUP_FLAT_RTOL * scale)[group] & (n > 1)  # (K,)
+    flat = _flat(hi, lo)[group] & (n > 1)  # (K,)
     return torch.where(flat, torch.zeros_like(x), x - mean), std, n
 
 
