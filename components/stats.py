@@ -350,6 +350,11 @@ def between_problem_share(fractions: np.ndarray | Sequence[float], k: int) -> fl
     return between / total
 
 
+# Returns vary when Var(R) > RETURNS_VARY_RTOL * mean(R^2): float sums of equal returns leave Var(R) at
+# rounding level, not exactly 0 (components.train.critic_fit.explained_variance uses the same rule).
+RETURNS_VARY_RTOL = 1e-12
+
+
 def explained_variance_interval(
     returns: Sequence[Sequence[float]],
     values: Sequence[Sequence[float]],
@@ -391,7 +396,7 @@ def explained_variance_interval(
             var_r = (srr - sr * sr / n) / (n - 1)
             var_e = (see - se * se / n) / (n - 1)
             # float sums of equal returns leave var_r at rounding level, not exactly 0
-            varies = (n > 1) & (var_r > 1e-12 * srr / n)
+            varies = (n > 1) & (var_r > RETURNS_VARY_RTOL * srr / n)
             return np.where(varies, 1.0 - var_e / np.where(varies, var_r, 1.0), 0.0)
 
     value = float(ev(stats.sum(axis=0))[0])

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from components.device import model_device, to_device
+from components.stats import RETURNS_VARY_RTOL
 from components.train.advantage import compute_advantages
 from components.train.engine import train_step
 from components.train.optimizer_state import adam_moments
@@ -69,14 +70,14 @@ def explained_variance(returns: Tensor, values: Tensor) -> float:
 
     Equal returns summed in floating point leave a variance at rounding level rather than exactly 0
     (0.97 seven times in float32: about 2e-14), over which any residual is a huge negative figure; so
-    returns vary only where Var(R) > 1e-12 * mean(R^2), the rule of
+    returns vary only where Var(R) > RETURNS_VARY_RTOL (1e-12) * mean(R^2), the rule of
     ``components.stats.explained_variance_interval``, which reports the same figure for a batch."""
     r = returns.detach().double().flatten()
     e = r - values.detach().double().flatten()
     if r.numel() < 2:
         return 0.0
     var_r = r.var()
-    if not float(var_r) > 1e-12 * float((r * r).mean()):
+    if not float(var_r) > RETURNS_VARY_RTOL * float((r * r).mean()):
         return 0.0
     return float(1.0 - e.var() / var_r)
 
