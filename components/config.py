@@ -39,6 +39,7 @@ __all__ = [
     "ConfigError",
     "Params",
     "apply_overrides",
+    "flatten",
     "import_plugins",
     "load_params",
     "parse_params",
@@ -730,6 +731,19 @@ class Params(Section):
                     f"(known: {sorted(self.algorithms)})"
                 )
         return self
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a nested mapping (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``, each key after
+    ``prefix``); lists are values, empty sections have no key."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> dict[str, Any]:

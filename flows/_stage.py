@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import torch
 
-from components.config import ConfigError, Params, load_params
+from components.config import ConfigError, Params, flatten, load_params
 from components.determinism import DeterminismSettings, make_deterministic
 from components.io import write_json
 from components.precision import resolve_rollout_dtype, resolve_train_dtype
@@ -186,17 +186,6 @@ def artifact_root(uri: str) -> str | None:
     if not uri.startswith("sqlite:///"):
         return None
     return (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def ensure_experiment(name: str, artifact_location: str | None = None) -> str:

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 from pydantic import Field
 
-from components.config import ConfigError, Params
+from components.config import ConfigError, Params, flatten
 from flows import REPO
 from flows._experiments import (
     ExperimentResult,
@@ -30,7 +30,7 @@ from flows._experiments import (
     read_metrics,
     run_experiment,
 )
-from flows._stage import flatten, mlflow_run, tracking_uri
+from flows._stage import mlflow_run, tracking_uri
 
 # `dvc exp run` as a task of the flow run: a SIGTERM (Ctrl-C of `make serve`) is logged as its crash
 dvc_exp_run = task(run_experiment, name="dvc-exp-run", cache_policy=NO_CACHE)

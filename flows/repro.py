@@ -120,26 +120,18 @@ def profile_command(name: str, extra: list[str], params: Path) -> list[str]:
     return ["dvc", "exp", "run", *sets, *extra]
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted keys of a nested mapping (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``); lists are values."""
-    if not isinstance(tree, dict) or not tree:
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def params_drift(current: dict[str, Any], committed: dict[str, Any], set_keys: set[str]) -> list[str]:
     """Keys of ``current`` params whose value differs from ``committed`` (both parsed params.yaml),
     not under ``profiles`` and not set by the run (``set_keys``, dotted, or a section above them), as
     ``key = value (committed: value)``, sorted."""
 
+    from components.config import flatten
+
     def is_set(key: str) -> bool:
         return any(key == k or key.startswith(k + ".") for k in set_keys)
 
-    now = {k: v for k, v in _flat(current).items() if not k.startswith("profiles.")}
-    then = {k: v for k, v in _flat(committed).items() if not k.startswith("profiles.")}
+    now = {k: v for k, v in flatten(current).items() if not k.startswith("profiles.")}
+    then = {k: v for k, v in flatten(committed).items() if not k.startswith("profiles.")}
 
     def shown(tree: dict[str, Any], key: str) -> str:
         return json.dumps(tree[key]) if key in tree else "absent"
