@@ -1,8 +1,8 @@
 """A stage whose ranks ``torchrun`` started: recognise it, check it against the params, and follow it.
 
 ``torchrun`` (torch.distributed.run) starts every rank itself, one process each, with ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` (its agent's
-store) and ``TORCHELASTIC_RUN_ID`` (set in every process it starts: how steprl recognises it). It
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_WORLD_SIZE`` (its agents, one a
+machine), ``MASTER_ADDR``/``MASTER_PORT`` (its agent's store) and ``TORCHELASTIC_RUN_ID`` (set in every process it starts: how steprl recognises it). It
 watches the ranks and stops the group when one fails, naming it (``ChildFailedError``). Under it,
 steprl spawns nothing (components.train.launch defers): rank 0 runs the stage (Prefect, MLflow,
 rollout, outputs), every other rank runs the stage's worker and returns when the stage ends.
@@ -10,8 +10,8 @@ rollout, outputs), every other rank runs the stage's worker and returns when the
 - :meth:`Torchrun.from_env`: this process's place in torchrun's world, or None without torchrun.
 - :meth:`Torchrun.check`: torchrun's ``WORLD_SIZE`` must equal ``deepspeed.world_size`` (the params
   fix the batch split and so the weights; the launcher only places the ranks).
-- :func:`agree`: with ranks on several machines (``WORLD_SIZE > LOCAL_WORLD_SIZE``), every rank's
-  summary (the stage's params, its inputs' and code's digests) compared with rank 0's before
+- :func:`agree`: with ranks on several machines (``GROUP_WORLD_SIZE > 1``: the same on every rank,
+  where ``LOCAL_WORLD_SIZE`` is each machine's own and may differ), every rank's summary (the stage's params, its inputs' and code's digests) compared with rank 0's before
   training, which torchrun does not do; a rank that differs stops every rank, naming the keys.
 - :func:`as_rank_0` / :func:`run_rank`: rank 0's side and another rank's side of such a stage.
 
@@ -46,6 +46,7 @@ class Torchrun:
     rank: int
     world_size: int
     local_world_size: int
+    machines: int = 1  # torchrun's agents (--nnodes): GROUP_WORLD_SIZE, the same on every rank
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Torchrun | None:
@@ -56,17 +57,15 @@ class Torchrun:
         try:
             rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
             local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+            machines = int(env["GROUP_WORLD_SIZE"])
         except (KeyError, ValueError) as err:
             raise NodeError(
-                f"{TORCHRUN_VAR} is set (a process torchrun started) but RANK/WORLD_SIZE/LOCAL_WORLD_SIZE "
-                f"are not integers: {err}"
+                f"{TORCHRUN_VAR} is set (a process torchrun started) but RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/"
+                f"GROUP_WORLD_SIZE are not integers: {err}"
             ) from None
-        return cls(rank, world, local_world)
-
-    @property
-    def machines(self) -> int:
-        """How many torchrun agents (machines) share the world (``--nnodes``)."""
-        return max(1, self.world_size // self.local_world_size)
+        # Not WORLD_SIZE // LOCAL_WORLD_SIZE: machines with other process counts would see other
+        # counts, and a rank that skipped agree() would leave the others in their all_gather.
+        return cls(rank, world, local_world, max(1, machines))
 
     def check(self, world_size: int, key: str = "deepspeed.world_size") -> None:
         """torchrun's world must be the params' world: NodeError naming both otherwise."""
@@ -97,9 +96,10 @@ def differences(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]
 
 def agree(run: Torchrun, summary: Mapping[str, Any]) -> None:
     """Every rank's ``summary`` gathered over the world's process group and compared with rank 0's;
-    NodeError on every rank when one differs (the ranks and keys named). Nothing to compare (one
-    machine, empty summary): returns at once."""
-    if run.machines == 1 or not summary:
+    NodeError on every rank when one differs (the ranks and keys named). One machine: returns at
+    once. Whether to gather is decided from ``run.machines`` alone, equal on every rank (a collective
+    some ranks skip hangs the others)."""
+    if run.machines == 1:
         return
     from components.train.distributed import init_distributed
 

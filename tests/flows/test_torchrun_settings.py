@@ -11,7 +11,13 @@ from flows import REPO
 from flows._nodes import GONE_VARS, check_world, machines, summary, torchrun_follower
 from flows._stage import StageError
 
-TORCHRUN = {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+TORCHRUN = {
+    "TORCHELASTIC_RUN_ID": "x",
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_WORLD_SIZE": "1",
+}
 
 
 def _params(world_size: int):
@@ -68,6 +74,7 @@ def test_rank_0_runs_the_stage_and_the_summary_is_made_across_machines(torchrun_
     base.write_text("weights")
     assert summary("sft", p, {"models/base": base}) == {}  # one machine: nothing to compare
     torchrun_env.setenv("LOCAL_WORLD_SIZE", "1")  # two agents, one rank each
+    torchrun_env.setenv("GROUP_WORLD_SIZE", "2")
     assert machines() == 2
     made = summary("sft", p, {"models/base": base})
     assert (
@@ -75,3 +82,19 @@ def test_rank_0_runs_the_stage_and_the_summary_is_made_across_machines(torchrun_
     )
     torchrun_env.delenv("TORCHELASTIC_RUN_ID")
     assert torchrun_follower() is None
+
+
+def test_machines_with_other_process_counts_all_make_the_summary(torchrun_env, tmp_path) -> None:
+    # Three ranks on two machines: rank 0 alone on node 0, ranks 1 and 2 on node 1. Every rank must
+    # make the summary (and so gather it), whatever its own machine's LOCAL_WORLD_SIZE.
+    base = tmp_path / "base"
+    base.write_text("weights")
+    torchrun_env.setenv("WORLD_SIZE", "3")
+    torchrun_env.setenv("GROUP_WORLD_SIZE", "2")
+    made = []
+    for rank, local_world in ((0, 1), (1, 2), (2, 2)):
+        torchrun_env.setenv("RANK", str(rank))
+        torchrun_env.setenv("LOCAL_WORLD_SIZE", str(local_world))
+        made.append((machines(), summary("sft", _params(3), {"models/base": base})))
+    assert [m for m, _ in made] == [2, 2, 2]
+    assert all(s == made[0][1] and s["stage"] == "sft" for _, s in made)

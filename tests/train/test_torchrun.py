@@ -10,8 +10,9 @@
 - A rank killed (SIGKILL) stops the other: torchrun exits non-zero with its failure table naming the
   rank (``ChildFailedError``), and no rank is left running.
 - The settings check under torchrun: the ranks whose summaries differ from rank 0's are named with the
-  keys (their gathering over the process group runs in the two-agent test, where they agree);
-  torchrun's WORLD_SIZE against deepspeed.world_size.
+  keys (their gathering over the process group runs in the two-agent test, where they agree); every
+  rank takes the same decision to gather, machines with other process counts too (GROUP_WORLD_SIZE,
+  not LOCAL_WORLD_SIZE); torchrun's WORLD_SIZE against deepspeed.world_size.
 """
 
 from __future__ import annotations
@@ -156,10 +157,35 @@ def test_differences_flatten_nested_keys() -> None:
     assert differences({"x": [1, 2]}, {"x": [1, 2]}) == []
 
 
+def _node_env(rank: int, local_world: int, *, world: int = 3, machines: int = 2) -> dict[str, str]:
+    """What torchrun sets for a rank: ``LOCAL_WORLD_SIZE`` is its machine's, the rest the world's."""
+    return {
+        "TORCHELASTIC_RUN_ID": "x",
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_WORLD_SIZE": str(machines),
+    }
+
+
+def test_machines_with_other_process_counts_take_the_same_agreement_decision() -> None:
+    # Node 0 runs rank 0 alone, node 1 ranks 1 and 2: WORLD_SIZE // LOCAL_WORLD_SIZE would be 3 on
+    # one machine and 1 on the other, so one rank would skip agree()'s all_gather and the rest hang.
+    ranks = [
+        Torchrun.from_env(_node_env(0, 1)),
+        Torchrun.from_env(_node_env(1, 2)),
+        Torchrun.from_env(_node_env(2, 2)),
+    ]
+    assert [r.machines for r in ranks] == [2, 2, 2]
+    one_machine = [Torchrun.from_env(_node_env(r, 2, world=2, machines=1)) for r in (0, 1)]
+    assert [r.machines for r in one_machine] == [1, 1]
+    with pytest.raises(NodeError, match="GROUP_WORLD_SIZE"):  # torchrun always sets it
+        Torchrun.from_env({k: v for k, v in _node_env(0, 1).items() if k != "GROUP_WORLD_SIZE"})
+
+
 def test_torchrun_s_world_must_be_the_params_world() -> None:
-    env = {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
-    run = Torchrun.from_env(env)
-    assert run == Torchrun(rank=1, world_size=4, local_world_size=2) and run.machines == 2
+    run = Torchrun.from_env(_node_env(1, 2, world=4))
+    assert run == Torchrun(rank=1, world_size=4, local_world_size=2, machines=2) and run.machines == 2
     run.check(4)
     with pytest.raises(NodeError, match="torchrun started WORLD_SIZE=4 ranks but deepspeed.world_size=2"):
         run.check(2)
