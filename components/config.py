@@ -45,6 +45,7 @@ __all__ = [
     "parse_params",
     "protocol_label",
     "protocol_name",
+    "warmup_held_out",
 ]
 
 
@@ -104,32 +105,6 @@ class PrepareParams(Section):
     n_test: int = Field(200, ge=1)
 
 
-class LoraParams(Section):
-    # Low-rank adapters of the RL actor and critic (components.train.lora): rank 0 = off, every weight
-    # trains. The adapters' output is scaled by alpha / rank; dropout acts on their input in training.
-    rank: int = Field(0, ge=0)
-    alpha: float = Field(32.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    # Names of the Linear layers that get adapters (the last part of a module's name, as peft matches
-    # them); checked against the model before any work.
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-    @field_validator("target_modules")
-    @classmethod
-    def _names(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError("needs at least one module name")
-        if any(not v for v in value):
-            raise ValueError(f"module names must be non-empty, got {value}")
-        if len(set(value)) != len(value):
-            raise ValueError(f"a module name is listed twice: {value}")
-        return value
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-
 class ModelParams(Section):
     # A local HF causal-LM directory; None builds the embedded tiny default below.
     path: str | None = None
@@ -142,8 +117,6 @@ class ModelParams(Section):
     head_dim: int = Field(32, ge=8)
     max_position_embeddings: int = Field(1024, ge=64)
     tie_embeddings: bool = True
-    # LoRA of the RL train stage (LoraParams); off by default.
-    lora: LoraParams = LoraParams()
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelParams:
@@ -513,17 +486,55 @@ class CriticWarmupParams(Section):
     eval_every: int = Field(10, ge=1)
     patience: int = Field(4, ge=1)
 
-    @model_validator(mode="after")
-    def _splits_not_empty(self) -> CriticWarmupParams:
-        held = math.ceil(self.held_out * self.episodes)
-        if self.episodes and (held < 2 or held >= self.episodes):
-            raise ValueError(
-                f"critic_warmup.episodes={self.episodes} with critic_warmup.held_out={self.held_out} holds out "
-                f"{held} episodes; the fit "
-                "needs at least one train episode and two held out (one chooses the step, one reports "
-                "it): set episodes to 0 (off), or raise episodes or held_out"
+    def split_problem(self, prompts: int | None, source: str, more_prompts: str) -> str | None:
+        """Why the warm-up's split of its played prompts would leave a part empty, None when it would
+        not. ``episodes`` play ``min(episodes, prompts)`` prompts (beyond them the same prompts again;
+        ``prompts`` None: not known yet, as many as episodes), split by :func:`warmup_held_out` as
+        flows/critic_warmup.py splits them; ``source`` says where ``prompts`` comes from,
+        ``more_prompts`` how to get more."""
+        played = self.episodes if prompts is None else min(self.episodes, prompts)
+        if not self.episodes or warmup_held_out(played, self.held_out) is not None:
+            return None
+        held = math.ceil(self.held_out * played)
+        enough = _fewest_prompts(self.held_out)  # the fewest prompts this held_out splits
+        fixes = []
+        if played >= 3:
+            fixes.append(f"set critic_warmup.held_out above 1/{played} and at most {played - 1}/{played}")
+        if (prompts is None or enough <= prompts) and self.episodes < enough:
+            fixes.append(f"set critic_warmup.episodes={enough} or more")
+        elif prompts is not None and enough > prompts:
+            fixes.append(
+                f"give RL more prompts ({more_prompts}; more episodes only replay the same {prompts}: at "
+                f"held_out={self.held_out} the split needs {enough} prompts)"
             )
-        return self
+        fixes.append("set critic_warmup.episodes=0 (off)")
+        pool = source if prompts is None else f"{source}: {prompts} RL prompt(s)"
+        return (
+            f"critic_warmup.episodes={self.episodes} play {played} prompt(s) ({pool}; episodes beyond "
+            f"the RL prompts play the same prompts again) and critic_warmup.held_out="
+            f"{self.held_out} holds out ceil({self.held_out} x {played}) = {held} of them; the fit needs "
+            "at least one train prompt and two held out (one chooses the step, one reports it): "
+            + "; or ".join(fixes)
+        )
+
+
+def warmup_held_out(prompts: int, held_out: float) -> tuple[int, int] | None:
+    """(selection, report) prompt counts when the critic warm-up holds out a share ``held_out`` of
+    ``prompts`` prompt groups (rounded up, then halved, the selection half rounded up); None when the
+    train, selection or report part would be empty. The one rule of the split and of its checks."""
+    held = math.ceil(held_out * prompts)
+    if held < 2 or held >= prompts:
+        return None
+    select = math.ceil(held / 2)
+    return select, held - select
+
+
+def _fewest_prompts(held_out: float) -> int:
+    """The fewest prompt groups :func:`warmup_held_out` splits at ``held_out`` (0 < held_out < 1)."""
+    n = max(3, int(1 / held_out))
+    while warmup_held_out(n, held_out) is None:
+        n += 1
+    return n
 
 
 class CompareParams(Section):
@@ -690,6 +701,21 @@ class Params(Section):
                 f"sft.rows={rows} leaves no train rows for RL prompts (prepare.n_train={n_train}); "
                 f"raise prepare.n_train or lower sft.rows"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _critic_warmup_splits(self) -> Params:
+        rows, n_train = self.sft.rows, self.prepare.n_train
+        if not self.task_params.generates_train_rows():  # a file of unknown size: checked again on it
+            prompts, source = None, "at most: the task's train file decides how many RL prompts there are"
+        else:
+            prompts = n_train - (rows or 0)
+            source = f"prepare.n_train={n_train}" + (f" - sft.rows={rows}" if rows else ", sft.rows=None")
+        problem = self.critic_warmup.split_problem(
+            prompts, source, more_prompts="raise prepare.n_train or lower sft.rows"
+        )
+        if problem is not None and prompts != 0:  # none at all: _rl_prompts_left names the keys
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

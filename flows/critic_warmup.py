@@ -12,13 +12,15 @@ chose the step) and plots/critic_warmup.csv (the selection split's explained var
 step; drawn in MLflow). Every ppo and steppo run (any RL seed) starts its critic from
 models/critic (flows/train_settings.warm_critic), so the warm-up is paid once per task and SFT
 checkpoint. With ``episodes: 0`` it writes models/critic/off.json only, and each run's critic starts
-from the SFT backbone as before.
+from the SFT backbone as before. Either way it first removes what models/critic held (as DVC does
+before it runs a stage): run directly, an older fit must not be left for the runs to start from.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
 from components.agent.loop import Episode, run_episodes
-from components.config import Params
+from components.config import Params, warmup_held_out
 from components.envs import get_task
 from components.io import write_json, write_text
 from components.model.tiny import is_complete_checkpoint, save_hf
@@ -71,11 +73,20 @@ def rollout(params: Params) -> list[dict]:
     spec, r, t = get_task(params.task), params.rollout, params.train
     data_dir = processed(params.task)
     rows = rl_prompts(pl.read_parquet(data_dir / "train.parquet"), params).to_dicts()
+    problem = params.critic_warmup.split_problem(  # before the rollout, not after it (a train file's size)
+        len(rows),
+        f"the train rows of {data_dir / 'train.parquet'} after sft.rows={params.sft.rows}",
+        more_prompts="a larger train file, or a lower sft.rows",
+    )
+    if problem is not None:
+        raise StageError(f"critic_warmup: {problem}")
     episodes = [
         Episode(
             f"w-{row['id']}" + (f"-{k}" if k else ""),
             f"w-{row['id']}",
-            spec.make_env(row, malformed_penalty=t.malformed_penalty, data_dir=data_dir),
+            spec.make_env(
+                row, malformed_penalty=t.malformed_penalty, data_dir=data_dir, tool_parser=r.tool_parser
+            ),
             row,
         )
         for row, k in pick_prompts(rows, params.critic_warmup.episodes, params.seed)
@@ -112,14 +123,15 @@ def split_trajectories(
 
     groups = sorted({group(r) for r in rows})
     random.Random(seed).shuffle(groups)
-    n_held = math.ceil(held_out * len(groups))
-    n_select = math.ceil(n_held / 2)
-    if n_held < 2 or n_held >= len(groups):
+    sizes = warmup_held_out(len(groups), held_out)  # the rule the params check at load and the rollout
+    if sizes is None:
         raise ValueError(
             f"critic warm-up: {len(groups)} prompts with critic_warmup.held_out={held_out} hold out "
-            f"{n_held}; the fit needs at least one train prompt and two held out (one to choose the "
-            "step, one to report it): raise critic_warmup.episodes or change critic_warmup.held_out"
+            f"{math.ceil(held_out * len(groups))}; the fit needs at least one train prompt and two held "
+            "out (one to choose the step, one to report it): change critic_warmup.episodes (it plays "
+            "one prompt an episode while prompts last) or critic_warmup.held_out"
         )
+    n_select, n_held = sizes[0], sum(sizes)
     select, report = set(groups[:n_select]), set(groups[n_select:n_held])
     return (
         [r for r in rows if group(r) not in select and group(r) not in report],
@@ -259,6 +271,16 @@ def critic_warmup_flow(params: Params) -> dict:
     return summary
 
 
+def _clear() -> None:
+    """models/critic of an earlier run removed: a fit of other params or another SFT checkpoint must
+    never be taken for this run's (DVC removes a stage's outputs before it runs the stage; run
+    directly, nothing else would)."""
+    if CRITIC.is_symlink() or CRITIC.is_file():
+        CRITIC.unlink()
+    elif CRITIC.is_dir():
+        shutil.rmtree(CRITIC)
+
+
 def _off() -> None:
     """critic_warmup.episodes 0: no fit; the stage's outputs say so."""
     note = {"off": True, "why": "critic_warmup.episodes is 0: each run's critic starts from the SFT backbone"}
@@ -271,6 +293,7 @@ def _off() -> None:
 
 def main(params: str) -> None:
     p = read_params(params)
+    _clear()
     if p.critic_warmup.episodes == 0:
         _off()
         return
