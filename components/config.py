@@ -105,6 +105,32 @@ class PrepareParams(Section):
     n_test: int = Field(200, ge=1)
 
 
+class LoraParams(Section):
+    # Low-rank adapters of the RL actor and critic (components.train.lora): rank 0 = off, every weight
+    # trains. The adapters' output is scaled by alpha / rank; dropout acts on their input in training.
+    rank: int = Field(0, ge=0)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    # Names of the Linear layers that get adapters (the last part of a module's name, as peft matches
+    # them); checked against the model before any work.
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("needs at least one module name")
+        if any(not v for v in value):
+            raise ValueError(f"module names must be non-empty, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"a module name is listed twice: {value}")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 class ModelParams(Section):
     # A local HF causal-LM directory; None builds the embedded tiny default below.
     path: str | None = None
@@ -117,6 +143,8 @@ class ModelParams(Section):
     head_dim: int = Field(32, ge=8)
     max_position_embeddings: int = Field(1024, ge=64)
     tie_embeddings: bool = True
+    # LoRA of the RL train stage (LoraParams); off by default.
+    lora: LoraParams = LoraParams()
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelParams:

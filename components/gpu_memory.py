@@ -12,7 +12,11 @@ KV cache. Their floor, in bytes per parameter ``n``:
   which must hold at least its weights in the rollout dtype; the trainer gets the rest of what is free.
   Sleep mode frees vLLM's share during the update only: the trainer's persistent state must fit beside
   an awake vLLM;
-- the ``hf`` rollout engine: one more copy of the weights in the rollout dtype.
+- the ``hf`` rollout engine: one more copy of the weights in the rollout dtype;
+- with LoRA (``model.lora``) a trained model is its frozen weights in the training dtype (``4 n``, or
+  ``2 n`` in bf16 mode) plus ``16`` bytes per trained parameter ``m`` (the adapters: weights,
+  gradients, Adam's moments, a master copy in bf16 mode), and the reference costs nothing (it is the
+  actor with its adapters off). The critic's value head (``hidden_size`` parameters) is left out.
 
 Activations come on top and depend on the micro-batch; :data:`HEADROOM_BYTES` stands for them and
 for the CUDA context. The estimate is a lower bound: a run that fails it cannot fit, a run that passes
@@ -30,6 +34,7 @@ __all__ = [
     "HEADROOM_BYTES",
     "GPUMemoryPlan",
     "GiB",
+    "count_lora_parameters",
     "count_parameters",
     "plan_gpu_memory",
 ]
@@ -49,6 +54,22 @@ def count_parameters(model_dir: str | Path) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def count_lora_parameters(model_dir: str | Path, *, rank: int, target_modules: list[str]) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on ``target_modules`` of the checkpoint in
+    ``model_dir``: r (in + out) per adapted Linear layer, counted on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    targets = set(target_modules)
+    return sum(
+        rank * (m.in_features + m.out_features)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+    )
 
 
 def _weight_bytes(dtype: str) -> int:
@@ -96,16 +117,25 @@ def plan_gpu_memory(
     rollout_engine: str | None = None,
     rollout_dtype: str = "bfloat16",
     vllm_share: float = 0.0,
+    lora_params: int = 0,
 ) -> GPUMemoryPlan:
     """The floor of a stage's GPU memory (module docstring) against ``free`` / ``total`` bytes.
 
     ``trained_models``: DeepSpeed engines (SFT 1; RL 1, or 2 with a critic). ``rollout_engine``: None
-    (no rollout in this stage), ``"hf"`` or ``"vllm"`` (which takes ``vllm_share`` of ``total``)."""
-    if n_params <= 0 or total <= 0 or free < 0:
-        raise ValueError(f"n_params={n_params}, total={total}, free={free}: expected positive sizes")
-    trainer = trained_models * _TRAINED_BYTES_PER_PARAM * n_params
-    if reference:
-        trainer += _weight_bytes(train_dtype) * n_params
+    (no rollout in this stage), ``"hf"`` or ``"vllm"`` (which takes ``vllm_share`` of ``total``).
+    ``lora_params``: the LoRA adapters' parameters of each trained model (0: every weight trains)."""
+    if n_params <= 0 or total <= 0 or free < 0 or lora_params < 0:
+        raise ValueError(
+            f"n_params={n_params}, total={total}, free={free}, lora_params={lora_params}: "
+            "expected positive sizes"
+        )
+    if lora_params:
+        per_model = _weight_bytes(train_dtype) * n_params + _TRAINED_BYTES_PER_PARAM * lora_params
+        trainer = trained_models * per_model  # the reference is the actor with its adapters off
+    else:
+        trainer = trained_models * _TRAINED_BYTES_PER_PARAM * n_params
+        if reference:
+            trainer += _weight_bytes(train_dtype) * n_params
     vllm = 0
     if rollout_engine == "hf":
         trainer += _weight_bytes(rollout_dtype) * n_params

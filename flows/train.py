@@ -46,6 +46,7 @@ from components.train.advantage import compute_advantages
 from components.train.collapse import collapse_metrics
 from components.train.group_filter import fill_batch
 from components.train.launch import local_world, share_threads
+from components.train.lora import check_model_dir
 from components.train.rank_mirror import Leader, follow
 from components.train.rl_session import RLSession, prune
 from components.train.torchrun import run_rank
@@ -126,6 +127,8 @@ def fingerprint(
         "sft": json.loads((sft / MARKER).read_text()),
         "sft_sha256": file_digest(sft),
         "train_split_sha256": file_digest(split),
+        # only when on, so a run without LoRA keeps the fingerprint it had before model.lora existed
+        **({"lora": params.model.lora.model_dump()} if params.model.lora.enabled else {}),
     }
 
 
@@ -461,7 +464,8 @@ def train_mlflow_run(params: Params, algo: str, rl_seed: int, sft_seed: int, run
     return mlflow_run(
         params,
         CompareParams.run_name(algo, rl_seed),
-        ["train", "rollout", "evaluate", f"tasks.{params.task}"],
+        ["train", "rollout", "evaluate", f"tasks.{params.task}"]
+        + (["model.lora"] if params.model.lora.enabled else []),
         run_id=run_id,
         tags={"steprl.algo": algo, "steprl.rl_seed": str(rl_seed), "steprl.sft_seed": str(sft_seed)},
         extra_params=algo_params(params, algo, rl_seed),
@@ -543,8 +547,8 @@ def _iteration(
 
 def _save_final(session: Session, params: Params, algo: str, name: str, history: list[dict]) -> None:
     iterations = sum(h["iteration"] >= 0 for h in history)
-    save_hf(
-        session.actor.module,
+    save_hf(  # a plain HF model: with LoRA the adapters merged into the weights
+        session.final_model(),
         session.tokenizer,
         REPO / "models" / name / "final",
         metadata={"algo": algo, "rl_seed": params.seed, "iterations": iterations},
@@ -643,8 +647,20 @@ def main(params: str, algo: str, rl_seed: int) -> None:
             f"--algo {algo}: {p.group_filter_key(algo)} picks prompt groups, but "
             f"algorithms.{algo}.samples_per_prompt=1"
         )
+    if p.model.lora.enabled:
+        try:
+            check_model_dir(SFT, p.model.lora.target_modules)
+        except ValueError as err:
+            raise StageError(f"train: {err}") from None
     critic = resolved(p, algo)["critic"] is not None
-    check_gpu_memory(p, SFT, trained_models=1 + critic, reference=p.train.kl_coef > 0, rollout=True)
+    check_gpu_memory(
+        p,
+        SFT,
+        trained_models=1 + critic,
+        reference=p.train.kl_coef > 0,
+        rollout=True,
+        lora=p.model.lora.enabled,
+    )
     check_world(p)
     launched = torchrun_follower()
     if launched is not None:  # a rank torchrun started beside rank 0: follows rank 0's engine calls

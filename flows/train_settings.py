@@ -13,6 +13,7 @@ from components.algos.kl import KLTerm
 from components.config import Params
 from components.model.tiny import is_complete_checkpoint
 from components.train.group_filter import GroupFilter
+from components.train.lora import LoraSettings
 from components.train.rl_session import SessionConfig
 from components.train.rl_update import ActorSettings, CriticSettings
 from flows import REPO
@@ -75,6 +76,16 @@ def warm_critic(critic: Path = CRITIC) -> Path | None:
     return critic if is_complete_checkpoint(critic) and not off else None
 
 
+def lora_settings(params: Params) -> LoraSettings | None:
+    """model.lora as the library's settings; None when its rank is 0 (off)."""
+    lora = params.model.lora
+    if not lora.enabled:
+        return None
+    return LoraSettings(
+        rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=tuple(lora.target_modules)
+    )
+
+
 def session_config(
     params: Params, algo: str, *, rollout: bool = True, critic: Path | None = None
 ) -> SessionConfig:
@@ -101,4 +112,5 @@ def session_config(
         critic_lr_warmup_steps=t.lr_warmup_steps
         if t.critic_lr_warmup_steps is None
         else t.critic_lr_warmup_steps,
+        lora=lora_settings(params),
     )

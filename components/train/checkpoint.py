@@ -98,14 +98,18 @@ def save_checkpoint(
     save_engine_state: bool = False,
     metadata: dict[str, Any] | None = None,
     client_state: dict[str, Any] | None = None,
+    hf_model: Any | None = None,
 ) -> Path:
     """Write ``engine``'s model (+ ``tokenizer``, + DeepSpeed state) to ``out_dir`` atomically.
 
     Call on every rank. ``metadata`` (JSON-serialisable) is stored in the marker, e.g.
     ``{"step": 40}``; ``client_state`` is stored with the DeepSpeed state and returned by
-    :func:`load_engine_state`. Returns ``out_dir`` as an absolute Path.
+    :func:`load_engine_state`. ``hf_model``: what writes the HF files instead of ``engine.module``
+    (a ``peft.PeftModel`` around it writes its adapters alone). A model with frozen parameters (LoRA)
+    keeps only its trained ones in the DeepSpeed state: the frozen ones are those it was built from.
+    Returns ``out_dir`` as an absolute Path.
     """
-    module = engine.module
+    module = engine.module if hf_model is None else hf_model
     if not hasattr(module, "save_pretrained"):
         raise CheckpointError(
             f"cannot save {type(module).__name__} to {out_dir}: "
@@ -135,7 +139,10 @@ def save_checkpoint(
         _barrier()
         if save_engine_state:
             engine.save_checkpoint(
-                str(tmp / DS_SUBDIR), tag=_DS_TAG, client_state={_CLIENT_KEY: dict(client_state or {})}
+                str(tmp / DS_SUBDIR),
+                tag=_DS_TAG,
+                client_state={_CLIENT_KEY: dict(client_state or {})},
+                exclude_frozen_parameters=_has_frozen(engine),
             )
         _barrier()
         if rank == 0:
@@ -146,6 +153,10 @@ def save_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _has_frozen(engine: Any) -> bool:
+    return any(not p.requires_grad for p in engine.module.parameters())
 
 
 def is_complete(path: str | os.PathLike) -> bool:
@@ -189,8 +200,9 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -
 def load_engine_state(engine: Any, path: str | os.PathLike) -> dict[str, Any]:
     """Restore weights, optimizer, LR schedule and counters saved with ``save_engine_state=True``.
 
-    ``engine`` must be built with the same model shape, ZeRO stage and world size. Call on every rank.
-    Returns the ``client_state`` given at save time.
+    ``engine`` must be built with the same model shape, ZeRO stage and world size (and with frozen
+    parameters, LoRA, from the same base: those are not in the state). Call on every rank. Returns
+    the ``client_state`` given at save time.
     """
     p = check_complete(path)
     ds_dir = p / DS_SUBDIR
@@ -199,7 +211,11 @@ def load_engine_state(engine: Any, path: str | os.PathLike) -> dict[str, Any]:
             f"checkpoint {p} has no engine state ({DS_SUBDIR}/): it was saved with save_engine_state=False"
         )
     load_path, client_state = engine.load_checkpoint(
-        str(ds_dir), tag=_DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        str(ds_dir),
+        tag=_DS_TAG,
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+        load_module_strict=not _has_frozen(engine),
     )
     if load_path is None:
         raise CheckpointError(f"checkpoint {p}: DeepSpeed could not load the engine state from {ds_dir}")

@@ -5,6 +5,11 @@ methods. It knows how to roll out (agent loop on the rollout engine), annotate r
 advantage estimator and the losses need (old/ref log-probs, critic values), update, save and restore
 a resumable checkpoint (HF weights + DeepSpeed state of actor and critic), and push the actor's
 weights into the running rollout engine. It never reads params.yaml: the flow passes flat settings.
+
+With ``SessionConfig.lora`` the actor and the critic carry LoRA adapters (components.train.lora):
+only the adapters (and the critic's value head) train, the KL reference is the actor with its
+adapters off (no second copy of the weights), the rollout engine and the final model get the merged
+weights, and checkpoints hold the adapters (HF part) and the trained parameters' DeepSpeed state.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from components.rollout.factory import make_engine
 from components.train.checkpoint import load_engine_state, save_checkpoint
 from components.train.critic import build_critic, load_critic
 from components.train.engine import autocast_for, build_engine
+from components.train.lora import LoraSettings, add_lora, merged_model, merged_state_dict
 from components.train.optimizer_state import ADAM_MOMENTS, carry_adam_moments
 from components.train.policy import critic_values, make_token_batch, response_logprobs
 from components.train.rl_update import (
@@ -64,9 +70,20 @@ class SessionConfig:
     critic_init: str | None = None
     # Optimizer steps of linear lr warm-up of the critic alone (train.critic_lr_warmup_steps).
     critic_lr_warmup_steps: int = 0
+    # LoRA adapters on the actor and the critic (model.lora); None: every weight trains.
+    lora: LoraSettings | None = None
+
+
+def _value_head_name(critic: torch.nn.Module) -> str:
+    return "score" if getattr(critic, "score", None) is not None else "classifier"
 
 
 class RLSession:
+    # The peft wrappers of the actor and critic with LoRA (their ``get_base_model()`` is the engine's
+    # module); None without LoRA.
+    actor_lora: Any = None
+    critic_lora: Any = None
+
     def __init__(self, init_dir: str | Path, cfg: SessionConfig, tools: list[dict] | None) -> None:
         """Engines start from the HF checkpoint ``init_dir`` (the SFT model): actor, critic backbone,
         reference and rollout engine."""
@@ -99,19 +116,24 @@ class RLSession:
             lr_schedule="constant",
             eps=cfg.adam_eps,
         )
-        self.actor = build_engine(
-            AutoModelForCausalLM.from_pretrained(self.init_dir), lr=cfg.actor_lr, **engine_kw
-        )
+        actor = AutoModelForCausalLM.from_pretrained(self.init_dir)
+        if cfg.lora is not None:
+            self.actor_lora = add_lora(actor, cfg.lora)
+            actor = self.actor_lora.get_base_model()  # the same model, its target layers adapted
+        self.actor = build_engine(actor, lr=cfg.actor_lr, **engine_kw)
         self.critic = None
         if cfg.critic is not None:
             critic = load_critic(cfg.critic_init) if cfg.critic_init else build_critic(self.init_dir)
+            if cfg.lora is not None:  # a model of its own: adapters on its backbone, its head in full
+                self.critic_lora = add_lora(critic, cfg.lora, train_modules=[_value_head_name(critic)])
+                critic = self.critic_lora.get_base_model()
             warm = cfg.critic_lr_warmup_steps
             critic_kw = {**engine_kw, "warmup_steps": warm, "total_steps": max(warm, 1)}
             self.critic = build_engine(critic, lr=cfg.critic_lr, **critic_kw)
             if cfg.critic_init:  # the warm-up's Adam moments, so its first in-run step is not a cold one
                 log.info(carry_adam_moments(self.critic, Path(cfg.critic_init) / ADAM_MOMENTS))
         self.ref = None
-        if cfg.use_ref:  # frozen, outside DeepSpeed: on the actor's device, where annotate feeds it
+        if cfg.use_ref and cfg.lora is None:  # frozen, outside DeepSpeed, on the actor's device
             ref = AutoModelForCausalLM.from_pretrained(self.init_dir).eval()
             self.ref = ref.to(model_device(self.actor.module))
         self.rollout_engine = (
@@ -162,7 +184,7 @@ class RLSession:
         if from_rollout:
             for r in out:
                 r["old_logprobs"] = list(r["response_logprobs"])
-            if self.ref is None and self.critic is None:
+            if not self._has_reference() and self.critic is None:
                 for r in out:
                     r["ref_logprobs"], r["values"] = None, None
                 return out
@@ -187,11 +209,7 @@ class RLSession:
                 if from_rollout
                 else response_logprobs(self.actor.module, batch, temperature=temperature)[0]
             )
-            ref = (
-                response_logprobs(self.ref, batch, temperature=temperature)[0]
-                if self.ref is not None
-                else None
-            )
+            ref = self._ref_logprobs(batch, temperature)
             values = None
             if self.critic is not None:
                 self.critic.eval()
@@ -207,6 +225,19 @@ class RLSession:
                     r["values"] = [float(values[i])]
                 else:
                     r["values"] = values[i, :n].tolist()
+
+    def _has_reference(self) -> bool:
+        return self.ref is not None or (self.actor_lora is not None and self.cfg.use_ref)
+
+    def _ref_logprobs(self, batch: Any, temperature: float) -> torch.Tensor | None:
+        """The frozen reference's log-probs (B, L): its own copy, or with LoRA the actor with its
+        adapters off; None without a reference."""
+        if self.ref is not None:
+            return response_logprobs(self.ref, batch, temperature=temperature)[0]
+        if not self._has_reference():
+            return None
+        with self.actor_lora.disable_adapter():
+            return response_logprobs(self.actor.module, batch, temperature=temperature)[0]
 
     # --- update --------------------------------------------------------------------------------
     def update(
@@ -244,19 +275,44 @@ class RLSession:
             metrics.update({f"actor/{k}": v for k, v in m.items()})
         return metrics
 
+    def actor_weights(self) -> dict[str, torch.Tensor]:
+        """The actor's full state dict under the base model's names (merged with LoRA): what the
+        rollout engine loads (all of it: ``named_parameters`` would omit a tied ``lm_head``)."""
+        if self.actor_lora is not None:
+            return merged_state_dict(self.actor_lora)
+        return self.actor.module.state_dict()
+
+    def final_model(self) -> torch.nn.Module:
+        """The actor as a plain transformers model (LoRA merged into its weights: no peft to load it).
+        With LoRA it shares the tensors of unadapted layers with the trained model: save it before
+        the next update."""
+        return self.actor.module if self.actor_lora is None else merged_model(self.actor_lora)
+
     def sync(self) -> None:
         if self.rollout_engine is not None:
-            self.rollout_engine.sync_weights(self.actor.module.state_dict())
+            self.rollout_engine.sync_weights(self.actor_weights())
 
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, out_dir: str | Path, metadata: dict[str, Any]) -> str:
-        """Actor (HF + tokenizer + DeepSpeed state) at out_dir/actor, critic at out_dir/critic."""
+        """Actor (HF + tokenizer + DeepSpeed state) at out_dir/actor, critic at out_dir/critic; with
+        LoRA the HF part is each model's adapters."""
         out = Path(out_dir)
         save_checkpoint(
-            self.actor, out / "actor", tokenizer=self.tokenizer, save_engine_state=True, metadata=metadata
+            self.actor,
+            out / "actor",
+            tokenizer=self.tokenizer,
+            save_engine_state=True,
+            metadata=metadata,
+            hf_model=self.actor_lora,
         )
         if self.critic is not None:
-            save_checkpoint(self.critic, out / "critic", save_engine_state=True, metadata=metadata)
+            save_checkpoint(
+                self.critic,
+                out / "critic",
+                save_engine_state=True,
+                metadata=metadata,
+                hf_model=self.critic_lora,
+            )
         self.version = str(out)
         return str(out)
 

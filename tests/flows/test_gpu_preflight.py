@@ -154,3 +154,62 @@ def test_an_out_of_memory_error_ends_the_stage_with_one_line(monkeypatch, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: out of GPU memory (CUDA out of memory. Tried")
     assert "train.micro_batch_size" in err[0] and "rollout.gpu_memory_utilization" in err[0]
+
+
+# --- LoRA (model.lora) -----------------------------------------------------------------------------
+# Qwen2.5-7B's shapes (config.json only: counted on the meta device, nothing downloaded or loaded)
+QWEN25_7B = dict(
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+    num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False,
+)  # fmt: skip
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def test_plan_with_lora_by_hand():
+    """With LoRA a trained model is its frozen weights (2 bytes each in bf16 mode) + 16 bytes per adapter
+    parameter, and the KL reference costs nothing (the actor with its adapters off)."""
+    n, m = 10**9, 10**7
+    kw = dict(free=80 * GiB, total=80 * GiB, trained_models=2, reference=True, rollout_engine="vllm")
+    bf16 = plan_gpu_memory(n, train_dtype="bf16", vllm_share=0.3, lora_params=m, **kw)
+    assert bf16.trainer_needs == 2 * (2 * n + 16 * m) + HEADROOM_BYTES
+    fp32 = plan_gpu_memory(n, train_dtype="fp32", vllm_share=0.3, lora_params=m, **kw)
+    assert fp32.trainer_needs == 2 * (4 * n + 16 * m) + HEADROOM_BYTES
+    full = plan_gpu_memory(n, train_dtype="bf16", vllm_share=0.3, **kw)
+    assert full.trainer_needs == 2 * 16 * n + 2 * n + HEADROOM_BYTES
+    with pytest.raises(ValueError, match="lora_params=-1"):
+        plan_gpu_memory(n, train_dtype="bf16", lora_params=-1, **kw)
+
+
+def test_lora_fits_a_7b_ppo_run_on_an_80_gib_gpu_that_full_training_does_not(h100, tmp_path):
+    """PPO (actor + critic + KL reference + vLLM at 0.3) on Qwen2.5-7B, bf16, an 80 GiB card with 79 GiB
+    free: 242.1 GiB without LoRA, 30.6 GiB with rank-16 adapters on every Linear layer (40.4M)."""
+    from transformers import Qwen2Config
+
+    from components.gpu_memory import count_lora_parameters
+
+    Qwen2Config(**QWEN25_7B).save_pretrained(tmp_path)
+    n = count_parameters(tmp_path)
+    m = count_lora_parameters(tmp_path, rank=16, target_modules=ALL_LINEAR)
+    per_layer = 16 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))  # q o, k v, gate up down
+    assert n == 7_615_616_512 and m == 28 * per_layer == 40_370_176
+
+    base = params()
+    ds = base.deepspeed.model_copy(update={"dtype": "bf16"})
+    on = base.model.model_copy(update={"lora": base.model.lora.model_copy(update={"rank": 16})})
+    full = base.model_copy(update={"deepspeed": ds})
+    lora = full.model_copy(update={"model": on})
+    run = dict(trained_models=2, reference=True, rollout=True)
+    gpu.check_gpu_memory(lora, tmp_path, lora=True, **run)  # 2 x (14.2 GiB + 0.6 GiB) + 1 GiB < 55 GiB
+    with pytest.raises(StageError) as err:
+        gpu.check_gpu_memory(full, tmp_path, lora=False, **run)
+    text = one_line(err)
+    assert text.startswith(
+        "model.path=/models/Qwen2.5-7B-Instruct (7.62B parameters) needs at least 242.1 GiB"
+    )
+    assert text.endswith("or train LoRA adapters (model.lora.rank=16)")
+    fp32 = lora.model_copy(update={"deepspeed": base.deepspeed})  # frozen weights at 4 bytes: 58.9 GiB
+    with pytest.raises(StageError) as err:
+        gpu.check_gpu_memory(fp32, tmp_path, lora=True, **run)
+    text = one_line(err)
+    assert "needs at least 58.9 GiB" in text and "model.lora.rank=16: frozen weights in fp32" in text
+    assert "40.4M adapter parameters" in text and not text.endswith("(model.lora.rank=16)")
