@@ -143,6 +143,29 @@ def params_drift(current: dict[str, Any], committed: dict[str, Any], set_keys: s
     ]
 
 
+def set_param_keys(command: list[str], params_file: str = "params.yaml") -> set[str]:
+    """The dotted keys of ``params_file`` a ``dvc exp run`` command sets, in each of its spellings:
+    ``-S key=value``, ``-Skey=value``, ``--set-param key=value``, ``--set-param=key=value``, each
+    value with or without a file (``params.yaml:key=value``; another file's keys are not this file's)
+    and Hydra's prefixes (``+key``, ``++key``, ``~key``: added, forced, removed)."""
+    values = []
+    for i, arg in enumerate(command):
+        if arg in ("-S", "--set-param") and i + 1 < len(command):
+            values.append(command[i + 1])
+        elif arg.startswith("--set-param="):
+            values.append(arg.removeprefix("--set-param="))
+        elif arg.startswith("-S") and len(arg) > 2 and not arg.startswith("--"):
+            values.append(arg[2:])
+    keys = set()
+    for value in values:
+        target = value.split("=", 1)[0]
+        file, _, key = target.rpartition(":")
+        if file and os.path.normpath(file) != params_file:
+            continue
+        keys.add(key.lstrip("+~"))
+    return keys
+
+
 def _committed_params(params: Path) -> dict[str, Any] | None:
     """params.yaml as the repo's last commit has it; None outside a git checkout or without one."""
     import yaml
@@ -167,8 +190,7 @@ def warn_params_drift(command: list[str], params: Path) -> None:
     committed = _committed_params(params)
     if committed is None:
         return
-    set_keys = {command[i + 1].split("=", 1)[0] for i in range(len(command) - 1) if command[i] == "-S"}
-    drift = params_drift(yaml.safe_load(params.read_text()), committed, set_keys)
+    drift = params_drift(yaml.safe_load(params.read_text()), committed, set_param_keys(command, params.name))
     if drift:
         print(
             f"repro: warning: {params.name} differs from the last commit in keys this run does not set, "

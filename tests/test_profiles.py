@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from components.config import ConfigError, load_params, parse_params
-from flows.repro import params_drift, profile_command
+from flows.repro import params_drift, profile_command, set_param_keys, warn_params_drift
 
 REPO = Path(__file__).resolve().parents[1]
 RAW = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -111,3 +112,44 @@ def test_values_left_by_an_earlier_experiment_are_named():
     ]
     assert params_drift(current, committed, set_keys | {"tasks.sokoban", "critic_warmup"}) == []
     assert params_drift(committed, copy.deepcopy(RAW), set()) == []
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        ["-S", "sft.steps=7"],
+        ["-S", "params.yaml:sft.steps=7"],
+        ["-S", "./params.yaml:sft.steps=7"],
+        ["-Ssft.steps=7"],
+        ["--set-param", "sft.steps=7"],
+        ["--set-param", "params.yaml:sft.steps=7"],
+        ["--set-param=sft.steps=7"],
+        ["--set-param=params.yaml:sft.steps=7"],
+        ["-S", "++sft.steps=7"],
+    ],
+)
+def test_a_key_the_run_sets_is_not_drift_in_any_of_dvc_s_spellings(spelling, tmp_path, capsys):
+    """Every way `dvc exp run` takes a param: the warning before a profile run names the key left
+    by an earlier experiment (sft.lr), not the one this run sets (sft.steps)."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(RAW))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "params.yaml"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "params"], cwd=tmp_path, check=True)
+    now = copy.deepcopy(RAW)
+    now["sft"]["steps"], now["sft"]["lr"] = 7, 0.5
+    params.write_text(yaml.safe_dump(now))
+    assert set_param_keys(["dvc", "exp", "run", *spelling]) == {"sft.steps"}
+    warn_params_drift(["dvc", "exp", "run", "-S", "seed=1", *spelling], params)
+    warning = capsys.readouterr().err
+    assert "sft.lr = 0.5" in warning and "sft.steps" not in warning, warning
+
+
+def test_another_file_s_params_are_not_params_yaml_s():
+    command = ["dvc", "exp", "run", "-S", "other.yaml:sft.steps=7", "--set-param", "sub/params.yaml:seed=1"]
+    assert set_param_keys(command) == set()
+    assert set_param_keys(["dvc", "exp", "run", "-S", "~sft.rows", "-S", "+tasks.calc.x=1"]) == {
+        "sft.rows",
+        "tasks.calc.x",
+    }
