@@ -67,6 +67,10 @@ def _registry(name: str) -> Registry[Any]:
         from components.envs.registry import TASKS
 
         return TASKS
+    if name == "tool_parser":
+        from components.envs.tool_formats import TOOL_PARSERS
+
+        return TOOL_PARSERS
     import components.algos as algos
 
     return {
@@ -214,6 +218,11 @@ class RolloutParams(Section):
     # vLLM on CUDA only: sleep (weights to CPU memory, KV cache freed) during the RL update, wake up
     # before the weight sync. Accepted and unused on CPU.
     sleep_during_update: bool = True
+    # Tool-call format of the model family (components.envs.tool_formats: hermes, llama3_json,
+    # mistral, qwen3_xml, qwen3_coder): what the env parses, SFT demonstrations and chat write.
+    tool_parser: str = "hermes"
+
+    _tool_parser_known = field_validator("tool_parser")(_known("tool_parser"))
 
     def episode_limits(self) -> dict[str, int | None]:
         """The limits of an episode, as :func:`components.agent.loop.run_episodes` takes them."""
@@ -718,6 +727,15 @@ class Params(Section):
             raise ValueError(
                 f"train.process_reward_weight={self.train.process_reward_weight} but task {self.task!r} "
                 "gives no process rewards (its recipe has scores_tool_calls=False): set it to 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tool_parser_has_tools(self) -> Params:
+        if self.rollout.tool_parser != "hermes" and not _registry("task").get(self.task).tools():
+            raise ValueError(
+                f"rollout.tool_parser={self.rollout.tool_parser!r} but task {self.task!r} has no tools "
+                "(its actions are text): set rollout.tool_parser to hermes"
             )
         return self
 

@@ -6,11 +6,14 @@ a byte-level BPE tokenizer trained on the task's training conversations and a sm
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 from prefect import flow, task
 
 from components.config import ModelParams, Params
 from components.envs import get_task
+from components.envs.tool_formats import check_chat_template
 from components.model.tiny import build_tiny_model, load_hf, save_hf
 from components.model.tokenizer import build_tokenizer
 from flows import REPO, processed
@@ -23,7 +26,8 @@ def conversation_corpus(params: Params) -> list[str]:
     """Training conversations (prompt + each demonstration of a row) rendered with the embedded chat template."""
     spec = get_task(params.task)
     rows = pl.read_parquet(processed(params.task) / "train.parquet").to_dicts()
-    bootstrap = build_tokenizer([], vocab_size=300)  # bytes only: used just to render the template
+    # bytes only: used just to render the template (in the tool-call format of rollout.tool_parser)
+    bootstrap = build_tokenizer([], vocab_size=300, tool_parser=params.rollout.tool_parser)
     return [
         bootstrap.apply_chat_template(spec.initial_messages(row) + demo, tools=spec.tools(), tokenize=False)
         for row in rows
@@ -35,7 +39,9 @@ def conversation_corpus(params: Params) -> list[str]:
 @task
 def build_default(params: Params) -> str:
     m: ModelParams = params.model
-    tokenizer = build_tokenizer(conversation_corpus(params), vocab_size=m.vocab_size)
+    tokenizer = build_tokenizer(
+        conversation_corpus(params), vocab_size=m.vocab_size, tool_parser=params.rollout.tool_parser
+    )
     model = build_tiny_model(
         tokenizer,
         hidden_size=m.hidden_size,
@@ -66,6 +72,17 @@ def base_model_flow(params: Params) -> str:
     return out
 
 
+def check_template(model_dir: Path, tool_parser: str) -> None:
+    """StageError unless the chat template of ``model_dir`` writes tool calls ``tool_parser`` reads
+    (SFT renders its demonstrations with that template; the rollout parses them with that parser)."""
+    from transformers import AutoTokenizer
+
+    try:
+        check_chat_template(AutoTokenizer.from_pretrained(model_dir), tool_parser)
+    except ValueError as err:
+        raise StageError(f"{model_dir}: {err}") from None
+
+
 def main(params: str) -> None:
     p = read_params(params)
     if p.model.path:  # check before any work: a missing or broken model directory is one clear line
@@ -74,6 +91,7 @@ def main(params: str) -> None:
             raise StageError(f"model.path: {p.model.path!r} is not a directory")
         if not (path / "config.json").is_file():
             raise StageError(f"model.path: {p.model.path!r} has no config.json (not an HF model directory)")
+        check_template(path, p.rollout.tool_parser)
     base_model_flow(p)
 
 

@@ -1,6 +1,6 @@
 """`python -m flows.chat`: talk to a trained agent, with the task's real tools.
 
-Serves a checkpoint with vLLM's OpenAI-compatible server (tool calling on, hermes parser, bound to
+Serves a checkpoint with vLLM's OpenAI-compatible server (tool calling on, parser ``rollout.tool_parser``, bound to
 127.0.0.1; ``components.chat.server``), or uses a running one (``--server URL``), and asks it
 questions as the training rollout did (``components.chat.agent``): the task's system prompt and tool
 schemas, each tool call run by the task's environment and printed as it happens, up to
@@ -36,6 +36,7 @@ from components.chat import (
 from components.chat.server import free_port, port_free, server_env, vllm_command
 from components.config import ConfigError, load_params
 from components.envs.registry import TASKS, UnknownNameError, get_task
+from components.envs.tool_formats import check_chat_template
 from flows import REPO, processed
 
 
@@ -96,11 +97,11 @@ def task_recipe(name: str) -> Any:
     return recipe
 
 
-def env_factory(recipe: Any, data_dir: Path):
+def env_factory(recipe: Any, data_dir: Path, tool_parser: str = "hermes"):
     """``make_env()`` of the task over its prepared data; built once here so missing data fails now."""
 
     def make_env():
-        return recipe.make_env(data_dir=data_dir)
+        return recipe.make_env(data_dir=data_dir, tool_parser=tool_parser)
 
     try:
         make_env()
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     params = load_params(args.params)
     recipe = task_recipe(args.task or params.task)
-    make_env = env_factory(recipe, processed(recipe.name))
+    make_env = env_factory(recipe, processed(recipe.name), params.rollout.tool_parser)
     rows = read_questions(args.questions) if args.questions else None
     out_path = Path(args.out) if args.out else None
     if out_path is not None and not out_path.parent.is_dir():
@@ -200,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens or r.max_response_len,
             temperature=args.temperature,
             url=url,
+            tool_parser=r.tool_parser,
         )
 
     def go(agent: ChatAgent) -> int:
@@ -223,8 +225,11 @@ def run(args: argparse.Namespace) -> int:
     if not port_free(port):
         raise UsageError(f"port {port} on 127.0.0.1 is in use; choose another with --port")
     name = model_dir.parent.name if model_dir.name == "final" else model_dir.name
+    from transformers import AutoTokenizer
+
+    check_chat_template(AutoTokenizer.from_pretrained(model_dir), r.tool_parser)  # before the server starts
     settings = r.engine_settings(params.seed)
-    argv = vllm_command(model_dir, settings, port=port, served_name=name)
+    argv = vllm_command(model_dir, settings, port=port, served_name=name, tool_parser=r.tool_parser)
     progress = lambda msg: print(msg, flush=True)  # noqa: E731
     with VLLMServer(argv, port=port, env=server_env(settings), timeout=args.timeout, progress=progress) as s:
         try:

@@ -90,7 +90,12 @@ def play(
         # seed depends on the trajectory id only: the same at every temperature, with or without the escape)
         tags = [""] if temperature is None else [f"#{i}" for i in range(ev.samples)]
         episodes = [
-            Episode(f"{row['id']}{tag}", str(row["id"]), spec.make_env(row, data_dir=data_dir), row)
+            Episode(
+                f"{row['id']}{tag}",
+                str(row["id"]),
+                spec.make_env(row, data_dir=data_dir, tool_parser=params.rollout.tool_parser),
+                row,
+            )
             for row in rows
             for tag in tags
         ]

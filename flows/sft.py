@@ -32,6 +32,7 @@ from flows import REPO, processed
 from flows._gpu import check_gpu_memory
 from flows._nodes import check_world, machines, summary, torchrun_follower
 from flows._stage import StageError, mlflow_run, read_params, stage_main, timed
+from flows.base_model import check_template
 
 BASE, OUT = REPO / "models" / "base", REPO / "models" / "sft"
 LOG_BATCH = 500  # metrics per MLflow write (its batch limit is 1,000)
@@ -194,6 +195,7 @@ def main(params: str) -> None:
     p = read_params(params)
     if not is_complete_checkpoint(BASE):
         raise StageError(f"sft: {BASE} is not a complete checkpoint (run the base_model stage first)")
+    check_template(BASE, p.rollout.tool_parser)  # models/base built for another rollout.tool_parser
     check_gpu_memory(p, BASE, trained_models=1)
     check_world(p)
     launched = torchrun_follower()

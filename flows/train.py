@@ -180,7 +180,12 @@ def rollout(
             Episode(
                 f"{k}-{row['id']}-{j}",
                 f"{k}-{row['id']}",
-                spec.make_env(row, malformed_penalty=t.malformed_penalty, data_dir=processed(params.task)),
+                spec.make_env(
+                    row,
+                    malformed_penalty=t.malformed_penalty,
+                    data_dir=processed(params.task),
+                    tool_parser=params.rollout.tool_parser,
+                ),
                 row,
             )
             for row in stream[start : start + count]
@@ -283,7 +288,12 @@ def validate(session: Session, name: str, k: int, params: Params, seed: int) -> 
     for temperature in [None, *params.train.val_temperatures]:
         protocol = protocol_name(temperature)
         episodes = [
-            Episode(f"val-{row['id']}", f"val-{row['id']}", spec.make_env(row, data_dir=data_dir), row)
+            Episode(
+                f"val-{row['id']}",
+                f"val-{row['id']}",
+                spec.make_env(row, data_dir=data_dir, tool_parser=r.tool_parser),
+                row,
+            )
             for row in rows
         ]
         steps = session.play(

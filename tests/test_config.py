@@ -398,6 +398,7 @@ def _write(path: Path, text: str) -> Path:
         ("algorithms.grpo.preset", "dapo", "algorithm preset", ["grpo", "ppo", "steppo"]),
         ("train.kl_kind", "k3", "KL estimator", ["kl", "mse", "low_var_kl"]),
         ("task", "chess", "task", ["calc"]),
+        ("rollout.tool_parser", "openai", "tool parser", ["hermes", "llama3_json", "mistral", "qwen3_xml"]),
     ],
 )
 def test_unknown_names_are_errors_listing_the_known_ones(key, value, kind, known):
@@ -507,6 +508,15 @@ def test_process_reward_weight_only_for_tasks_that_score_tool_calls():
         load_params(PARAMS, overrides={"task": "search_calc", "train.process_reward_weight": -1.0})
     with pytest.raises(ConfigError, match="rollout.max_steps=3 < 4"):
         load_params(PARAMS, overrides={"task": "search_calc", "rollout.max_steps": 3})
+
+
+def test_tool_parser_defaults_to_hermes_and_needs_a_task_with_tools():
+    assert load_params(PARAMS).rollout.tool_parser == "hermes"
+    assert load_params(PARAMS, overrides={"rollout.tool_parser": "mistral"}).rollout.tool_parser == "mistral"
+    with pytest.raises(ConfigError, match="rollout.tool_parser='qwen3_xml' but task 'sokoban' has no tools"):
+        load_params(
+            PARAMS, overrides={"task": "sokoban", "rollout.max_steps": 10, "rollout.tool_parser": "qwen3_xml"}
+        )
 
 
 # --- evaluation protocols ------------------------------------------------------------------------

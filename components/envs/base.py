@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from components.envs.parsing import CallError, parse_tool_calls, short, tool_validators
+from components.envs.parsing import CallError, short, tool_validators
+from components.envs.tool_formats import get_format
 
 __all__ = ["AgentEnv", "BaseTool", "StepOutcome", "ToolEnv", "ToolResult", "run_tool"]
 
@@ -165,6 +166,7 @@ class ToolEnv(AgentEnv):
         max_output_chars: int = 1000,
         max_action_chars: int = 16_384,
         max_calls_per_step: int = 8,
+        tool_parser: str = "hermes",
     ) -> None:
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
@@ -177,6 +179,10 @@ class ToolEnv(AgentEnv):
                 f"{tool_timeout_s}, {max_output_chars}, {max_action_chars}, {max_calls_per_step}"
             )
         self._tools = {t.name: t for t in tools}
+        fmt = get_format(tool_parser)  # an unknown name raises, listing the known ones
+        fmt.prepare()
+        self._parse = fmt.parse
+        self.tool_parser = tool_parser
         self.tools = [t.schema() for t in tools]
         tool_validators(self.tools)  # a bad tool schema fails here, not in the middle of a rollout
         self.reward_fn = reward_fn
@@ -214,7 +220,7 @@ class ToolEnv(AgentEnv):
             raise RuntimeError("step() called before reset()")
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset() first")
-        parsed = parse_tool_calls(
+        parsed = self._parse(
             action_text, self.tools, max_chars=self.max_action_chars, max_calls=self.max_calls_per_step
         )
         self.history.append({"role": "assistant", "content": _clean(parsed.text)})

@@ -31,6 +31,7 @@ __all__ = [
     "CallError",
     "ParsedAction",
     "ToolCall",
+    "check_call",
     "format_tool_call",
     "parse_tool_calls",
     "short",
@@ -122,11 +123,17 @@ def _parse_body(body: str, validators: dict[str, Draft202012Validator] | None) -
         return CallError(
             f"tool call must be a JSON object with 'name' and 'arguments', got {type(obj).__name__}"
         )
-    name = obj.get("name")
+    return check_call(obj.get("name"), obj.get("arguments", {}), validators)
+
+
+def check_call(
+    name: object, args: object, validators: dict[str, Draft202012Validator] | None
+) -> ToolCall | CallError:
+    """A call read by any format's parser, checked: ``name`` a non-empty string, ``args`` a JSON object
+    (or a JSON string holding one), known tool and valid arguments when ``validators`` are given."""
     if not isinstance(name, str) or not name:
         return CallError("tool call has no 'name' (a non-empty string)")
     name = short(name, 64)
-    args = obj.get("arguments", {})
     if isinstance(args, str):
         try:
             args = json.loads(args)

@@ -36,6 +36,7 @@ __all__ = [
     "PAD_TOKEN",
     "SPECIAL_TOKENS",
     "build_tokenizer",
+    "chat_template",
 ]
 
 PAD_TOKEN = "<|endoftext|>"
@@ -99,30 +100,62 @@ CHAT_TEMPLATE = r"""
 {%- endif -%}
 """.strip()
 
-_ALL_ADDED = SPECIAL_TOKENS + MARKUP_TOKENS
-_ADDED_RE = re.compile("|".join(re.escape(t) for t in _ALL_ADDED))
+# The hermes call inside CHAT_TEMPLATE; chat_template() puts another format's fragment in its place.
+_HERMES_CALL = """
+            {{- '\\n<tool_call>\\n{"name": ' + (fn.name | tojson) + ', "arguments": ' -}}
+            {%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}
+            {{- '}\\n</tool_call>' -}}
+"""
+assert _HERMES_CALL in CHAT_TEMPLATE
 
 
-def _without_added_tokens(corpus: Iterable[str]) -> Iterator[str]:
+def chat_template(tool_parser: str = "hermes") -> str:
+    """The embedded chat template with tool calls written in format ``tool_parser``
+    (:data:`components.envs.tool_formats.TOOL_PARSERS`); ``hermes`` is :data:`CHAT_TEMPLATE` itself."""
+    if tool_parser == "hermes":
+        return CHAT_TEMPLATE
+    from components.envs.tool_formats import get_format
+
+    return CHAT_TEMPLATE.replace(_HERMES_CALL, "\n" + get_format(tool_parser).call_jinja + "\n")
+
+
+def _markup_tokens(tool_parser: str) -> tuple[str, ...]:
+    """The markup added as single tokens: hermes' four, then the markers of format ``tool_parser``."""
+    if tool_parser == "hermes":
+        return MARKUP_TOKENS
+    from components.envs.tool_formats import get_format
+
+    extra = get_format(tool_parser).added_tokens
+    return MARKUP_TOKENS + tuple(t for t in extra if t not in MARKUP_TOKENS)
+
+
+def _without_added_tokens(corpus: Iterable[str], added: tuple[str, ...]) -> Iterator[str]:
     """Cut the added tokens out of the training texts, so BPE spends no merges on their spelling."""
+    added_re = re.compile("|".join(re.escape(t) for t in added))
     for i, text in enumerate(corpus):
         if not isinstance(text, str):
             raise TypeError(f"corpus item {i} is {type(text).__name__}, expected str")
-        for piece in _ADDED_RE.split(text):
+        for piece in added_re.split(text):
             if piece:
                 yield piece
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    corpus: Iterable[str], vocab_size: int, *, tool_parser: str = "hermes"
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``corpus`` and wrap it as a HF fast tokenizer with the chat template.
 
-    ``vocab_size`` counts everything: the 256 byte symbols, the 7 added tokens and the learnt merges
-    (fewer merges are learnt when the corpus runs out of pairs, so ``len(tokenizer)`` may be smaller).
+    ``vocab_size`` counts everything: the 256 byte symbols, the added tokens (7 for hermes; a format's
+    markers add theirs) and the learnt merges (fewer merges are learnt when the corpus runs out of
+    pairs, so ``len(tokenizer)`` may be smaller). ``tool_parser``: the tool-call format the chat
+    template writes (:func:`chat_template`).
     """
-    n_fixed = 256 + len(_ALL_ADDED)
+    markup = _markup_tokens(tool_parser)
+    all_added = SPECIAL_TOKENS + markup
+    n_fixed = 256 + len(all_added)
     if not isinstance(vocab_size, int) or vocab_size < n_fixed:
         raise ValueError(
-            f"vocab_size={vocab_size!r} must be an int >= {n_fixed} (256 bytes + {len(_ALL_ADDED)} added tokens)"
+            f"vocab_size={vocab_size!r} must be an int >= {n_fixed} (256 bytes + {len(all_added)} added tokens)"
         )
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -136,14 +169,14 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(MARKUP_TOKENS),  # the markup is added after training
+        vocab_size=vocab_size - len(markup),  # the markup is added after training
         min_frequency=2,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_without_added_tokens(corpus), trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    tok.train_from_iterator(_without_added_tokens(corpus, all_added), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in markup])
 
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -155,5 +188,5 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
         clean_up_tokenization_spaces=False,  # " ." must stay " ."
         model_max_length=1 << 30,
         padding_side="right",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template(tool_parser),
     )

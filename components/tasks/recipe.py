@@ -15,8 +15,10 @@ task directly. A recipe holds functions and its params model only:
   written to (``data/processed/<task>/``, a DVC output), where the task may save what its
   environment needs besides the tables (e.g. a retrieval index). Bad input raises ``ValueError``
   naming the key, file, row or column. Called through :meth:`TaskRecipe.prepare`.
-- ``make_env(row=None, *, malformed_penalty=0.0, data_dir=None)``: a fresh environment (tools looked
-  up by name in ``components.envs.TOOLS``); the flows pass ``data_dir`` (the prepare output);
+- ``make_env(row=None, *, malformed_penalty=0.0, data_dir=None, tool_parser="hermes")``: a fresh
+  environment (tools looked up by name in ``components.envs.TOOLS``); the flows pass ``data_dir`` (the
+  prepare output) and ``tool_parser`` (``rollout.tool_parser``: the tool-call format its env reads,
+  components.envs.tool_formats; a task without tools accepts and ignores it);
   ``tools()``: the tools' OpenAI schemas ([] for a task without tools, e.g. one whose actions are
   text); ``reward(final_text, answer)`` (optional: the outcome reward of a final answer, for tasks
   that end on one; an environment such as sokoban's rewards each step itself);

@@ -115,9 +115,15 @@ def make_env(
     *,
     malformed_penalty: float = 0.0,
     data_dir: str | Path | None = None,
+    tool_parser: str = "hermes",
 ) -> ToolEnv:
     return ToolEnv(
-        [get_tool("shout")()], reward, SYSTEM, answer_fn=_answer, malformed_penalty=malformed_penalty
+        [get_tool("shout")()],
+        reward,
+        SYSTEM,
+        answer_fn=_answer,
+        malformed_penalty=malformed_penalty,
+        tool_parser=tool_parser,
     )
 
 

@@ -174,9 +174,10 @@ def make_env(
     invalid_penalty: float = -0.1,
     repeat_hint: bool = False,
     noop_penalty: float = 0.0,
+    tool_parser: str = "hermes",
 ) -> GymTextEnv:
-    """A fresh babyai environment (``row`` is accepted for the common factory signature; reset() takes
-    the row). ``level``, ``env_max_steps`` and ``invalid_penalty`` are the settings when ``data_dir``
+    """A fresh babyai environment (``row`` and ``tool_parser`` are accepted for the common factory
+    signature: reset() takes the row, and actions are text, not tool calls). ``level``, ``env_max_steps`` and ``invalid_penalty`` are the settings when ``data_dir``
     holds no prepare output (the generator, tests); when it does, ``data_dir/env.json`` (written from
     ``tasks.babyai``) replaces them: the data were made with its settings. ``malformed_penalty``
     (train.malformed_penalty, <= 0) is added to an invalid action's penalty."""

@@ -20,15 +20,18 @@ def make_env(
     *,
     malformed_penalty: float = 0.0,
     data_dir: str | Path | None = None,
+    tool_parser: str = "hermes",
 ) -> ToolEnv:
     """A fresh calc environment, its tool looked up by name in TOOLS (``row`` and ``data_dir`` are
-    accepted for the common factory signature and unused: reset() takes the row)."""
+    accepted for the common factory signature and unused: reset() takes the row); ``tool_parser``:
+    the tool-call format the env reads (components.envs.tool_formats)."""
     return ToolEnv(
         [get_tool(CalculatorTool.name)()],
         score,
         SYSTEM_PROMPT,
         answer_fn=parse_answer,
         malformed_penalty=malformed_penalty,
+        tool_parser=tool_parser,
     )
 
 

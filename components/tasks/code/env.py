@@ -38,7 +38,9 @@ def parse_answer(text: str) -> str | None:
 class CodeEnv(ToolEnv):
     """A ToolEnv whose reward is the checker of the row's generator (column ``generator``)."""
 
-    def __init__(self, tool: PythonTool, *, malformed_penalty: float = 0.0) -> None:
+    def __init__(
+        self, tool: PythonTool, *, malformed_penalty: float = 0.0, tool_parser: str = "hermes"
+    ) -> None:
         super().__init__(
             [tool],
             self._score,
@@ -48,6 +50,7 @@ class CodeEnv(ToolEnv):
             # the sandbox stops a program at wall_s; a call may also wait for a free worker
             tool_timeout_s=tool.sandbox.limits.wall_s * 4 + 10,
             max_output_chars=tool.sandbox.limits.output_bytes,
+            tool_parser=tool_parser,
         )
         self._generator = ""
         # the sandbox runs this many programs at once: the agent loop steps as many episodes together
@@ -68,6 +71,7 @@ def make_env(
     *,
     malformed_penalty: float = 0.0,
     data_dir: str | Path | None = None,
+    tool_parser: str = "hermes",
 ) -> CodeEnv:
     """A fresh code environment on the shared sandbox (``row`` is accepted for the common factory
     signature and unused: reset() takes the row)."""
@@ -79,7 +83,9 @@ def make_env(
         workers=settings["workers"],
         allow_weaker=settings["allow_weaker"],
     )
-    return CodeEnv(get_tool(PythonTool.name)(sandbox), malformed_penalty=malformed_penalty)
+    return CodeEnv(
+        get_tool(PythonTool.name)(sandbox), malformed_penalty=malformed_penalty, tool_parser=tool_parser
+    )
 
 
 def tools() -> list[dict[str, Any]]:

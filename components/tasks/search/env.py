@@ -37,7 +37,14 @@ def gold_titles(row: Mapping[str, Any]) -> list[str]:
 
 
 class SearchEnv(ToolEnv):
-    def __init__(self, tool: SearchTool, *, malformed_penalty: float = 0.0, max_output_chars: int = 1000):
+    def __init__(
+        self,
+        tool: SearchTool,
+        *,
+        malformed_penalty: float = 0.0,
+        max_output_chars: int = 1000,
+        tool_parser: str = "hermes",
+    ):
         super().__init__(
             [tool],
             score,
@@ -45,6 +52,7 @@ class SearchEnv(ToolEnv):
             answer_fn=parse_answer,
             malformed_penalty=malformed_penalty,
             max_output_chars=max_output_chars,
+            tool_parser=tool_parser,
         )
         self.tool = tool
         self._gold: list[str] = []
@@ -104,13 +112,19 @@ def make_env(
     index: SearchIndex | None = None,
     top_k: int | None = None,
     max_result_chars: int | None = None,
+    tool_parser: str = "hermes",
 ) -> SearchEnv:
     """A fresh search environment over ``index``, or over the index ``prepare`` saved in ``data_dir``
     (:func:`search_tool`)."""
     tool, chars = search_tool(
         "search", data_dir=data_dir, index=index, top_k=top_k, max_result_chars=max_result_chars
     )
-    return SearchEnv(tool, malformed_penalty=malformed_penalty, max_output_chars=max(chars + 100, 200))
+    return SearchEnv(
+        tool,
+        malformed_penalty=malformed_penalty,
+        max_output_chars=max(chars + 100, 200),
+        tool_parser=tool_parser,
+    )
 
 
 def tools() -> list[dict[str, Any]]:

@@ -56,7 +56,14 @@ def _titles_in(result: str, titles: list[str]) -> set[str]:
 
 
 class SearchCalcEnv(ToolEnv):
-    def __init__(self, search: SearchTool, *, malformed_penalty: float = 0.0, max_output_chars: int = 1000):
+    def __init__(
+        self,
+        search: SearchTool,
+        *,
+        malformed_penalty: float = 0.0,
+        max_output_chars: int = 1000,
+        tool_parser: str = "hermes",
+    ):
         super().__init__(
             [search, get_tool(CalculatorTool.name)()],
             score,
@@ -64,6 +71,7 @@ class SearchCalcEnv(ToolEnv):
             answer_fn=parse_answer,
             malformed_penalty=malformed_penalty,
             max_output_chars=max_output_chars,
+            tool_parser=tool_parser,
         )
         self.search = search
         self._gold: list[str] = []
@@ -154,13 +162,19 @@ def make_env(
     index: SearchIndex | None = None,
     top_k: int | None = None,
     max_result_chars: int | None = None,
+    tool_parser: str = "hermes",
 ) -> SearchCalcEnv:
     """A fresh environment over ``index``, or over the index ``prepare`` saved in ``data_dir``
     (the search task's :func:`search_tool`)."""
     search, chars = search_tool(
         "search_calc", data_dir=data_dir, index=index, top_k=top_k, max_result_chars=max_result_chars
     )
-    return SearchCalcEnv(search, malformed_penalty=malformed_penalty, max_output_chars=max(chars + 100, 200))
+    return SearchCalcEnv(
+        search,
+        malformed_penalty=malformed_penalty,
+        max_output_chars=max(chars + 100, 200),
+        tool_parser=tool_parser,
+    )
 
 
 def tools() -> list[dict[str, Any]]:

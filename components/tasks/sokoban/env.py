@@ -192,9 +192,10 @@ def make_env(
     blocked_note: bool = False,
     repeat_hint: bool = False,
     noop_penalty: float = 0.0,
+    tool_parser: str = "hermes",
 ) -> GymTextEnv:
-    """A fresh sokoban environment (``row`` is accepted for the common factory signature; reset()
-    takes the row). ``malformed_penalty`` (train.malformed_penalty, <= 0) is added to the step penalty
+    """A fresh sokoban environment (``row`` and ``tool_parser`` are accepted for the common factory
+    signature: reset() takes the row, and actions are text, not tool calls). ``malformed_penalty`` (train.malformed_penalty, <= 0) is added to the step penalty
     of an invalid action. The reward settings and ``blocked_note`` given here are the settings when
     ``data_dir`` holds no prepare output (the generator, tests); when it does, ``data_dir/env.json``
     (written from ``tasks.sokoban``) replaces them: the data were made with its settings."""
