@@ -237,14 +237,32 @@ def _head_clone(repo: Path, rev: str) -> Iterator[Path]:
         _remove_tree(run_dir)
 
 
-def _remove_tree(path: Path, attempts: int = 10) -> None:
+def _left(path: Path) -> frozenset[str]:
+    """What of ``path`` a removal left: its entries' paths, relative."""
+    found = set()
+    for root, dirs, files in os.walk(path):
+        found.update(os.path.relpath(os.path.join(root, n), path) for n in (*dirs, *files))
+    return frozenset(found)
+
+
+def _remove_tree(path: Path, stalled: int = 4, most: int = 240, pause: float = 0.25) -> None:
     """Remove ``path``, retrying while a straggler (a detached git or dvc helper whose cwd is the
-    clone) still writes into it; warn with the path if it outlives the retries."""
-    for _ in range(attempts):
+    clone) still writes into it: as long as each attempt finds something new left, however slow the
+    straggler; it gives up when ``stalled`` attempts in a row leave the same entries (nothing writes:
+    something else holds them) or after ``most`` attempts (a writer that never stops), and warns
+    with the path."""
+    before: frozenset[str] | None = None
+    same = 0
+    for _ in range(most):
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
             return
-        time.sleep(0.5)
+        now = _left(path)
+        same = same + 1 if now == before else 0
+        if same >= stalled:
+            break
+        before = now
+        time.sleep(pause)
     print(f"steprl: could not remove the run's clone {path}; delete it by hand", file=sys.stderr)
 
 

@@ -4,9 +4,11 @@ test_pipeline_service_mlflow.py and test_pipeline_service_e2e.py."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -271,22 +273,81 @@ def test_run_experiment_from_head_runs_in_a_private_clone_with_the_repos_cache(t
 
 
 def test_remove_tree_outlasts_a_straggler_still_writing_into_the_clone(tmp_path):
-    """A helper left by the run (cwd in the clone) may still write files while the clone is removed."""
-    clone, stop = tmp_path / "clone", time.monotonic() + 1.5
+    """A helper left by the run (cwd in the clone) may still write files while the clone is removed.
+    The straggler is bounded by counts, not by time, and is writing before the removal starts: it
+    writes relative to the clone (a directory fd, as a helper's cwd), so once the clone is gone it
+    can write nothing more and stops; before that it recreates .dvc/tmp whenever a removal took it,
+    and stops 200 files after its second recreation. However slowly a busy machine runs either
+    side, the clone must end up gone (the old test stopped the straggler by the clock and started
+    the removal 0.1 s after the thread: a thread started late found no clone, and wrote it after)."""
+    clone, started = tmp_path / "clone", threading.Event()
+    clone.mkdir()
+    seen = {"recreated": 0, "written": 0}
 
-    def straggler() -> None:
-        i = 0
-        while time.monotonic() < stop:
-            (clone / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
-            (clone / ".dvc" / "tmp" / f"f{i}").write_text("x")
-            i += 1
+    def straggler(cwd: int) -> None:
+        more = 200
+        for i in range(300_000):  # a bound on the files, never a writer without an end
+            try:
+                try:
+                    os.stat(".dvc/tmp", dir_fd=cwd)
+                except FileNotFoundError:
+                    seen["recreated"] += started.is_set()
+                    for d in (".dvc", ".dvc/tmp"):
+                        with contextlib.suppress(FileExistsError):
+                            os.mkdir(d, dir_fd=cwd)
+                os.close(os.open(f".dvc/tmp/f{i}", os.O_WRONLY | os.O_CREAT, dir_fd=cwd))
+            except FileNotFoundError:  # the removal took a directory under it, or the clone itself
+                if os.fstat(cwd).st_nlink == 0:
+                    return  # its cwd is gone: nothing left to write into
+                continue
+            seen["written"] += 1
+            started.set()
+            if seen["recreated"] >= 2:
+                more -= 1
+                if more == 0:
+                    return
 
-    writer = threading.Thread(target=straggler)
-    writer.start()
-    time.sleep(0.1)
-    _remove_tree(clone)
-    writer.join()
-    assert not clone.exists()
+    cwd = os.open(clone, os.O_RDONLY | os.O_DIRECTORY)
+    writer = threading.Thread(target=straggler, args=(cwd,))
+    try:
+        writer.start()
+        assert started.wait(60)  # the clone is being written before its removal starts
+        _remove_tree(clone)
+        writer.join()
+    finally:
+        os.close(cwd)
+    assert not clone.exists(), seen
+
+
+def test_remove_tree_retries_as_long_as_each_attempt_finds_something_new(tmp_path, monkeypatch):
+    """A straggler slower than any fixed count of attempts (here 15 removals each undone by a new
+    file): the removal keeps going while what is left changes, and ends with the clone gone."""
+    from flows import _experiments
+
+    clone, real_rmtree, calls = tmp_path / "clone", shutil.rmtree, []
+
+    def rmtree_outrun(path, ignore_errors):  # what a removal leaves while a straggler writes
+        calls.append(path)
+        real_rmtree(path, ignore_errors=ignore_errors)
+        if len(calls) <= 15:
+            (Path(path) / ".dvc" / "tmp").mkdir(parents=True)
+            (Path(path) / ".dvc" / "tmp" / f"f{len(calls)}").write_text("x")
+
+    clone.mkdir()
+    monkeypatch.setattr(_experiments.shutil, "rmtree", rmtree_outrun)
+    _remove_tree(clone, pause=0.01)
+    assert not clone.exists() and len(calls) == 16
+
+
+def test_remove_tree_gives_up_on_what_nothing_writes_and_says_where(tmp_path, monkeypatch, capsys):
+    from flows import _experiments
+
+    clone = tmp_path / "clone"
+    (clone / "held").mkdir(parents=True)
+    monkeypatch.setattr(_experiments.shutil, "rmtree", lambda path, ignore_errors: None)  # it stays
+    _remove_tree(clone, pause=0.01)
+    assert clone.exists()
+    assert f"could not remove the run's clone {clone}" in capsys.readouterr().err
 
 
 def test_stream_keeps_progress_bar_last_state_and_kills_what_the_command_left_behind(tmp_path):
