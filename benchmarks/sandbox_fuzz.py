@@ -5,9 +5,12 @@
 Each snippet joins 1-3 random fragments (fork, exec, signals to the server / this process / pid 1,
 sockets, reads and writes of host paths, allocation, CPU and thread loops, huge prints, raw
 ``ctypes`` syscalls with random numbers and arguments, rlimit changes, fd games, recursion, syntax
-errors, random bytes) and goes through the ``python`` tool (its sandbox call and ``format_result``) with
+errors, random bytes; and variants of the classes of the 2026-12-01 attack: signals of any number
+sent by the kernel, deep and unreadable trees, file floods, disk fills, System V IPC, inotify,
+fanotify, memfd, fallocate, signal owners set through fcntl and ioctl, frame and heap walks, stderr
+floods, odd exit statuses, site-packages imports, hard links and FIFOs) and goes through the ``python`` tool (its sandbox call and ``format_result``) with
 ``concurrency`` calls in flight. Prints: snippets, crashes (the tool raised, or the sandbox itself
-failed: status ``sandbox``/``setup``; must be 0), processes left (the server's children and any
+failed: status ``sandbox``/``setup``; must be 0), server restarts (must be 0), processes left (the server's children and any
 process of a sandbox uid, checked every 100 snippets and at the end), files changed outside the
 scratch directories (a world-writable canary folder in /tmp, the repo's top level and
 pyproject.toml, escape paths in /tmp and /: see ``snapshot``), the count of each status, and the wall time.
@@ -32,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from components.sandbox import Sandbox, SandboxLimits  # noqa: E402
-from components.sandbox.client import _UID_BASE  # noqa: E402
 from components.tasks.code.tool import format_result  # noqa: E402
 
 
@@ -82,8 +84,50 @@ def fragments(rng: random.Random, trainer: int, server: int, canary: Path) -> st
             "def (:",
             "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(1, 80))),
             f"print({rng.randrange(10**6)} ** {rng.randrange(10**4)} % 97)",
+            # the classes of the attack of 2026-12-01, and variants of them
+            TIMER.replace("SIGNO", str(rng.choice([rng.randrange(1, 65), 9, 24, 34, 40, 64]))),
+            f"import os\nfor _ in range({rng.choice([500, 1500, 3000])}):\n    os.mkdir('d')\n    os.chdir('d')",
+            "import os\nos.makedirs('d/e/f')\nos.chmod('d/e', 0)\nos.chmod('d', 0)\nos.chmod('.', 0)",
+            "import os\nos.symlink('/etc', 'l')\nos.symlink('l', 'm')\nos.mkdir('n')\nos.chmod('n', 0o1000)",
+            "import os\nfor i in range(5000):\n    open(f'f{i}', 'w').close()",
+            f"for i in range(200):\n    open(f'f{{i}}', 'wb').write(b'x' * {rng.choice([1 << 16, 1 << 20, 1 << 24])})",
+            LIBC + f"print(libc.shmget({rng.choice([0, 0x5EC0, rng.randrange(2**31)])}, 1 << 26, 0o1666))",
+            LIBC
+            + "print(libc.msgget(0, 0o1666), libc.semget(0, 8, 0o1666), libc.mq_open(b'/q', 0o100, 0o666, None))",
+            LIBC + "fd = libc.inotify_init()\nprint(fd, libc.inotify_add_watch(fd, b'/tmp', 0xfff))",
+            LIBC + "print(libc.fanotify_init(0, 0), libc.memfd_create(b'm', 0))",
+            "import os\nfd = os.memfd_create('m')\nfor _ in range(64):\n    os.write(fd, b'x' * (1 << 24))",
+            LIBC
+            + "import os\nfd = os.open('f', os.O_CREAT | os.O_WRONLY)\nprint(libc.fallocate(fd, 1, 0, 1 << 32))",
+            f"import fcntl, os\nr, w = os.pipe()\nfcntl.fcntl(r, fcntl.F_SETOWN, {pid})\nfcntl.fcntl(r, 10, 9)\n"
+            "fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC)\nos.write(w, b'x')",
+            LIBC
+            + f"import os\nr, w = os.pipe()\nprint(libc.syscall(72, r, ctypes.c_long((1 << 32) | 8), {pid}))",
+            LIBC + f"print(libc.ioctl(0, 0x8901, ctypes.byref(ctypes.c_int({pid}))))",
+            "import sys\nf = sys._getframe()\nwhile f.f_back:\n    f = f.f_back\nprint(sorted(f.f_globals)[:20], list(f.f_locals)[:20])",
+            "import gc\nprint(sorted({type(o).__name__ for o in gc.get_objects()})[:50])",
+            f"import sys\nsys.stderr.write('e' * {rng.choice([3000, 5000, 10**6])})\nprint('x' * 3990)\n1/0",
+            f"import sys\nsys.exit({rng.choice([0, 1, 2, 124, 125, 126, 255, 256, -1])})",
+            "raise SystemExit(object())",
+            "import sys\nsys.path.append('/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages')\nimport numpy",
+            "import os\nos.link('/etc/passwd', 'p')",
+            "import os\nos.mkfifo('f')\nopen('f').read()",
         ]
     )
+
+
+# A call that has the kernel send it signal SIGNO (a POSIX timer), then waits for it.
+TIMER = """import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+class E(ctypes.Structure):
+    _fields_ = [("v", ctypes.c_void_p), ("s", ctypes.c_int), ("n", ctypes.c_int), ("p", ctypes.c_byte * 48)]
+class T(ctypes.Structure):
+    _fields_ = [("i", ctypes.c_long * 2), ("v", ctypes.c_long * 2)]
+t = ctypes.c_void_p()
+libc.timer_create(0, ctypes.byref(E(None, SIGNO, 0)), ctypes.byref(t))
+libc.timer_settime(t, 0, ctypes.byref(T((0, 0), (0, 1000000))), None)
+time.sleep(0.5)"""
+LIBC = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 
 
 def snapshot(canary: Path) -> dict[str, tuple[int, int] | bool]:
@@ -105,11 +149,9 @@ def snapshot(canary: Path) -> dict[str, tuple[int, int] | bool]:
 
 
 def left_processes(box: Sandbox) -> list[psutil.Process]:
-    left = psutil.Process(box.server_pid).children(recursive=True)
-    for proc in psutil.process_iter(["uids"]):
-        uids = proc.info["uids"]
-        if uids is not None and uids.real >= _UID_BASE:
-            left.append(proc)
+    """The zygote's children and every process of the sandbox's uids (none between calls)."""
+    left = psutil.Process(box.zygote_pid).children(recursive=True)
+    left += [psutil.Process(pid) for pid in box.leftover_processes() if psutil.pid_exists(pid)]
     return left
 
 
@@ -138,6 +180,8 @@ def main() -> None:
             for _ in range(args.snippets)
         ]
 
+        server, restarts = box.server_pid, 0
+
         def one(code: str) -> None:
             try:  # what PythonTool.execute does, keeping the status
                 result = box.run(code)
@@ -152,6 +196,9 @@ def main() -> None:
         with ThreadPoolExecutor(args.concurrency) as pool:
             for i in range(0, len(snippets), 100):
                 list(pool.map(one, snippets[i : i + 100]))
+                if box.server_pid != server:
+                    print(f"after {i + 100}: the server was restarted")
+                    restarts, server = restarts + 1, box.server_pid
                 left = left_processes(box)
                 leaks += len(left)
                 if left:
@@ -160,7 +207,7 @@ def main() -> None:
     after = snapshot(canary)
     changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
     shutil.rmtree(canary)
-    print(f"snippets {args.snippets}, crashes {len(crashes)}, processes left {leaks}, "
+    print(f"snippets {args.snippets}, crashes {len(crashes)}, server restarts {restarts}, processes left {leaks}, "
           f"files changed outside scratch {len(changed)}, wall {elapsed:.0f} s")  # fmt: skip
     print("statuses:", dict(statuses.most_common()))
     for line in crashes[:10] + changed[:10]:

@@ -5,8 +5,10 @@ this process) and blocks until the server answers with a :class:`SandboxResult`;
 thread-safe, so a thread pool runs calls concurrently (the server forks one child per call, at most
 ``workers`` at a time). Nothing of the model's code runs in this process. At start the server's probe
 of the machine's protections is logged; a missing protection raises :class:`SandboxUnavailable`
-naming it, unless ``allow_weaker``. A server that dies (it should not) fails the calls in flight with
-a ``sandbox`` status and is started again on the next call.
+naming it, unless ``allow_weaker``. A server that dies (nothing a call does should make it) fails
+the calls in flight with a ``sandbox`` status at once, before anything else; then its processes left
+(its zygote, any process of its uid range) are killed and its scratch removed, and the next call
+starts a new server. A call that was in flight when its server died is not sent again.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import functools
 import json
 import logging
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -26,23 +27,29 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import landlock
 import pyseccomp
 
+from components.sandbox.confine import processes_of
 from components.sandbox.limits import PROTECTIONS, SandboxLimits
+from components.sandbox.scratch import remove_tree
 
 __all__ = ["Sandbox", "SandboxResult", "SandboxUnavailable", "shared_sandbox"]
 
 log = logging.getLogger(__name__)
 _SERVER = Path(__file__).with_name("server.py")
+_REPO = Path(__file__).resolve().parents[2]
 _HEADER = struct.Struct(">I")
-# The uid of slot i is _UID_BASE + i (a range no account on a usual machine uses).
-_UID_BASE = 1_900_000_000
+# Sandbox uids start here (a range no account on a usual machine uses): each sandbox instance holds a
+# range of 1024 of its own (components.sandbox.confine.claim_uid_range), slot i its base + i.
+UID_FLOOR = 1_900_000_000
+MAX_CODE_BYTES = 1 << 20  # the largest program a call takes (UTF-8 bytes)
+_NOT_SENT = "the sandbox server is gone"  # a call that never reached a server: sent again
 # Standard-library modules the server imports before serving: a child finds them loaded (no file
 # read, no import time).
 _PRELOAD = (
     "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "re", "string",
     "statistics", "random", "json", "heapq", "bisect", "datetime", "operator", "traceback", "textwrap",
+    "encodings.idna",
 )  # fmt: skip
 
 
@@ -53,7 +60,8 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class SandboxResult:
     """What one call did. ``status``: ok | error (an exception or a non-zero exit) | wall_time |
-    cpu_time | output (more than ``output_bytes``) | killed (by a signal) | setup |
+    cpu_time | output (stdout or stderr over ``output_bytes``) | killed (by a signal: ``signal`` names
+    it, e.g. ``SIGSEGV`` or ``SIGRTMIN+6``) | setup (the sandbox failed before the program ran) |
     sandbox (the server failed)."""
 
     status: str
@@ -63,6 +71,28 @@ class SandboxResult:
     signal: str | None
     output_bytes: int
     wall_s: float
+    cpu_s: float = 0.0
+
+    @classmethod
+    def failed(cls, why: str) -> SandboxResult:
+        return cls("sandbox", "", why, None, None, 0, 0.0)
+
+    @classmethod
+    def from_reply(cls, reply: dict) -> SandboxResult:
+        """The server's reply as a result (a malformed one raises ValueError)."""
+        try:
+            return cls(
+                status=str(reply["status"]),
+                stdout=str(reply["stdout"]),
+                stderr=str(reply["stderr"]),
+                exit_code=None if reply["exit_code"] is None else int(reply["exit_code"]),
+                signal=None if reply["signal"] is None else str(reply["signal"]),
+                output_bytes=int(reply["output_bytes"]),
+                wall_s=float(reply["wall_s"]),
+                cpu_s=float(reply.get("cpu_s", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"malformed sandbox reply: {err}") from err
 
     @property
     def last_error_line(self) -> str:
@@ -93,6 +123,9 @@ class Sandbox:
         self.disable = tuple(disable)
         self.probe: dict[str, str | None] = {}
         self.server_pid: int | None = None
+        self.zygote_pid: int | None = None  # the server's child that forks every call's child
+        self.uids: range = range(0)  # the uids of this sandbox's calls (one range per server)
+        self.landlock_abi = 0
         self.scratch_root: str | None = None  # the server's scratch directories are beneath it
         self.calls = 0  # calls answered since start
         self._lock = threading.Lock()  # guards the process, the pending calls and the next id
@@ -108,12 +141,10 @@ class Sandbox:
                 "workers": self.workers,
                 "allow_weaker": self.allow_weaker,
                 "disable": list(self.disable),
-                "uid_base": _UID_BASE,
-                "lib_paths": sorted(
-                    {str(Path(landlock.__file__).parents[1]), str(Path(pyseccomp.__file__).parent)}
-                ),
+                "uid_floor": UID_FLOOR,
+                "lib_paths": [str(_REPO), str(Path(pyseccomp.__file__).parent)],
                 "stdlib_path": _stdlib_path(),
-                "read_paths": _read_paths(),
+                "system_paths": _system_paths(),
                 "probe_file": str(_SERVER),
                 "preload": list(_PRELOAD),
             }
@@ -150,41 +181,65 @@ class Sandbox:
             for name in hello["missing"]:
                 log.warning("sandbox runs WITHOUT %s: %s", name, self.probe[name])
             self._proc, self.server_pid, self.scratch_root = proc, hello["pid"], hello["scratch_root"]
-            threading.Thread(
-                target=self._reader, args=(proc, self.scratch_root), name="sandbox-reader", daemon=True
-            ).start()
+            self.zygote_pid, self.landlock_abi = hello["zygote_pid"], hello["landlock_abi"]
+            self.uids = range(hello["uid_base"], hello["uid_base"] + self.workers)
+            server = (proc, self.zygote_pid, self.uids, self.scratch_root)
+            threading.Thread(target=self._reader, args=server, name="sandbox-reader", daemon=True).start()
             return self.probe
 
-    def _reader(self, proc: subprocess.Popen, scratch_root: str) -> None:
-        while True:
-            try:
+    def _reader(self, proc: subprocess.Popen, zygote: int | None, uids: range, scratch_root: str) -> None:
+        """Hand each reply to its call; when the server is gone (or says something malformed), fail
+        every call still pending first, then clean up after it."""
+        why = "the sandbox server exited"
+        try:
+            while True:
                 reply = _read_frame(proc.stdout)
-            except (OSError, ValueError):
-                reply = None
-            if reply is None:
-                break
+                if reply is None:
+                    break
+                result = SandboxResult.from_reply(reply)
+                with self._lock:
+                    future = self._pending.pop(reply.get("id"), None)
+                    self.calls += 1
+                if future is not None:
+                    future.set_result(result)
+        except Exception as err:  # a malformed frame: this server cannot be trusted any more
+            why = f"the sandbox server failed ({type(err).__name__}: {err})"
+        finally:
             with self._lock:
-                future = self._pending.pop(reply.pop("id"), None)
-                self.calls += 1
-            if future is not None:
-                future.set_result(SandboxResult(**reply))
-        proc.wait()
-        shutil.rmtree(scratch_root, ignore_errors=True)  # the server removes it, unless it was killed
-        with self._lock:
-            pending, self._pending = self._pending, {}
-            if self._proc is proc:
-                self._proc = None
-        for future in pending.values():
-            future.set_result(
-                SandboxResult(
-                    "sandbox", "", f"the sandbox server exited ({proc.returncode})", None, None, 0, 0.0
-                )
-            )
+                pending, self._pending = self._pending, {}
+                if self._proc is proc:
+                    self._proc = None
+            for future in pending.values():
+                future.set_result(SandboxResult.failed(why))
+            self._clean_up(proc, zygote, uids, scratch_root)
+
+    def _clean_up(self, proc: subprocess.Popen, zygote: int | None, uids: range, scratch_root: str) -> None:
+        """Kill what a dead (or misbehaving) server left and remove its scratch; never raises."""
+        with contextlib.suppress(Exception):
+            proc.kill()
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=10)
+        if zygote is not None:  # it dies with the server (PR_SET_PDEATHSIG); in case it did not
+            with contextlib.suppress(Exception):
+                os.kill(zygote, 9)
+        if self.probe.get("uid_switch") is None:
+            for _ in range(3):
+                left = processes_of(uids)
+                for pid in left:
+                    with contextlib.suppress(Exception):
+                        os.kill(pid, 9)
+                if not left:
+                    break
+        with contextlib.suppress(Exception):
+            remove_tree(scratch_root)  # the server removes it, unless it was killed
 
     def submit(self, code: str) -> Future:
         """Send ``code`` to the server; the future's result is its SandboxResult."""
         if not isinstance(code, str):
             raise TypeError(f"code must be a string, got {type(code).__name__}")
+        size = len(code.encode("utf-8", "replace"))
+        if size > MAX_CODE_BYTES:
+            raise ValueError(f"code is {size} bytes; the sandbox takes at most {MAX_CODE_BYTES}")
         self.start()
         future: Future = Future()
         with self._lock:
@@ -199,16 +254,22 @@ class Sandbox:
         except (OSError, AttributeError):
             with self._lock:
                 self._pending.pop(rid, None)
-            future.set_result(SandboxResult("sandbox", "", "the sandbox server is gone", None, None, 0, 0.0))
+            future.set_result(SandboxResult.failed(_NOT_SENT))
         return future
 
     def run(self, code: str) -> SandboxResult:
-        """Run ``code`` in a fresh confined child and wait for what it did (sent once more to a
-        restarted server when the server was gone)."""
+        """Run ``code`` in a fresh confined child and wait for what it did. A call that could not be sent
+        (the server was already gone) is sent once more to a new server; one that was running when its
+        server died is not."""
         result = self.submit(code).result()
-        if result.status == "sandbox":
+        if result.status == "sandbox" and result.stderr == _NOT_SENT:
             result = self.submit(code).result()
         return result
+
+    def leftover_processes(self) -> list[int]:
+        """The pids running as one of this sandbox's uids (none between calls: every call's process is
+        gone by the time its result is)."""
+        return processes_of(self.uids)
 
     def close(self) -> None:
         """Stop the server: it kills the calls still running and removes its scratch directories."""
@@ -272,8 +333,9 @@ def _stdlib_path() -> list[str]:
     return [p for p in json.loads(out.stdout) if os.path.exists(p)]
 
 
-def _read_paths() -> list[str]:
-    """What a child may read: the standard library and the system library directories its extension
-    modules load shared libraries from."""
-    system = ["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.cache"]
-    return sorted({*_stdlib_path(), *(p for p in system if os.path.exists(p))})
+def _system_paths() -> list[str]:
+    """The system library directories (and the loader's cache) that the extension modules of the
+    standard library load shared libraries from; their Python directories are left out
+    (components.sandbox.confine.read_rules)."""
+    system = ["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache"]
+    return sorted({os.path.realpath(p) for p in system if os.path.exists(p)})

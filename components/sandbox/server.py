@@ -1,192 +1,362 @@
-"""The sandbox's warm parent: a single-threaded server that forks one confined child per call.
+"""The sandbox's server: holds the queue and the calls' output; never runs or forks a call itself.
 
 Run as a script, ``python -I -S server.py CONFIG_JSON`` (isolated: no ``site``, no user paths, no
-environment variables read), by :class:`components.sandbox.client.Sandbox`; it imports only the
-standard library, ``landlock`` and ``pyseccomp`` (both ctypes only, from the directories the config
-names). It holds nothing but its config, so a child, which inherits its memory, inherits nothing
-secret. At start it takes the protections it can (an empty network namespace for itself and so for
-every child) and probes the others in throw-away children; it answers a first frame
-``{"probe": {...}, "missing": [...], "error": str | None}`` and exits when a protection is missing and
-``allow_weaker`` is false.
+environment variables read), by :class:`components.sandbox.client.Sandbox`; it imports the standard
+library, ``pyseccomp`` and this package's ``confine``, ``scratch`` and ``zygote`` modules. At start it
+claims a uid range of its own, takes its namespaces (network and IPC; a mount namespace with a tmpfs
+per slot), probes the other protections in throw-away children, builds a Landlock ruleset per slot
+and the seccomp filter, and forks the zygote (``zygote.py``) before reading any request: every call's
+child is forked by the zygote, which holds none of the queue or of other calls' data. It answers a
+first frame ``{"probe": {...}, "missing": [...], "error": str | None, ...}`` and exits when a
+protection is missing and ``allow_weaker`` is false.
 
 Protocol (stdin/stdout): frames of a 4-byte big-endian length and a JSON object. A request
 ``{"id": int, "code": str}``; a reply ``{"id", "status", "stdout", "stderr", "exit_code", "signal",
-"output_bytes", "wall_s"}``. Requests are served concurrently, at most ``workers`` children at a
-time (the rest queue), each in a scratch directory of its own, emptied after each call (and at start).
+"output_bytes", "wall_s", "cpu_s"}``. At most ``workers`` calls run at once (the rest queue), each in
+a scratch directory of its own, emptied after each call. stdout and stderr have a budget each of
+``output_bytes``: a stream past it is cut there and the program stopped.
 
-A child, between ``fork`` and the model's code: its own session and process group; pipes on fds 0-2
-and every other fd closed (it cannot write the protocol); ``chdir`` to its scratch directory;
-rlimits (address space, CPU seconds, file size, open files, processes, no core); when the server is
-root, a uid/gid of its own with no supplementary groups (so ``RLIMIT_NPROC`` binds and it cannot
-signal the server, the trainer or another child); Landlock: read and execute beneath the Python
-standard library and the system library directories, everything beneath its scratch directory,
-nothing else; seccomp: ``EPERM`` for sockets, fork (clone without ``CLONE_THREAD``), exec, signals
-to other processes, ptrace, rlimit changes, namespaces, mounts and the like (threads stay allowed,
-bounded by ``RLIMIT_NPROC`` and ``RLIMIT_CPU``). Then it runs the code as ``__main__`` and exits 0, or
-prints the traceback to stderr and exits 1.
-
-The server kills a child's whole process group at the wall-time limit and when its output passes
-``output_bytes`` (the output is cut there). After each call, with uids switched, a reaper forked as
-the call's uid kills every process left with that uid.
+Nothing a child does can raise out of the loop: every handler of a call's exit, output or scratch is
+guarded, and a failure there answers that call with status ``sandbox`` (and retires its slot when
+its scratch cannot be emptied) while the other calls go on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import gc
 import json
 import os
-import resource
 import selectors
-import shutil
 import signal
+import socket
 import struct
 import sys
 import tempfile
 import time
 import traceback
 
-PROTECTIONS = ("network_namespace", "uid_switch", "landlock", "seccomp")
-_CLONE_NEWNET = 0x40000000
-_CLONE_NEWUSER = 0x10000000
-_CLONE_THREAD = 0x00010000
-_PR_SET_KEEPCAPS = 8
-_CAP_VERSION_3 = 0x20080522
-_CAP_DAC_READ_SEARCH = 2
 _HEADER = struct.Struct(">I")
 _READ = 65536
-# Syscalls a child may not make (each fails with EPERM); clone without CLONE_THREAD (a new process)
-# too, and clone3 fails with ENOSYS so that libc falls back to clone, whose flags seccomp can read.
-_REFUSED = (
-    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
-    "fork", "vfork", "execve", "execveat",
-    "kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
-    "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "process_vm_readv", "process_vm_writev",
-    "ptrace", "kcmp", "prlimit64", "setrlimit", "setpriority",
-    "setsid", "setpgid", "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
-    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "mknod", "mknodat",
-    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "personality",
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "open_by_handle_at", "name_to_handle_at", "quotactl", "swapon", "swapoff", "reboot",
-    "init_module", "finit_module", "delete_module", "kexec_load", "acct", "syslog",
-)  # fmt: skip
+_MAX_CODE = 1 << 20  # bytes of code a call's pipe takes (the client refuses more)
+_KILL_GRACE_S = 10.0  # after a kill, seconds to wait for the zygote's word that the child is gone
+_INODES = 4096  # files and directories a call may create in its scratch tmpfs
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
-_PR_SET_CHILD_SUBREAPER = 36
-_SECCOMP_MODE_FILTER = 2
+class _Call:
+    def __init__(self, rid: int, slot: int, deadline: float):
+        self.rid, self.slot, self.deadline = rid, slot, deadline
+        self.pipes: dict[int, str] = {}  # fd -> "stdout" | "stderr"
+        self.data = {"stdout": bytearray(), "stderr": bytearray()}
+        self.sizes = {"stdout": 0, "stderr": 0}
+        self.ready: int | None = None  # read end of the ready pipe
+        self.start = time.monotonic()
+        self.stopped: str | None = None  # why the server had it killed
+        self.killed_at: float | None = None
 
 
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+class Server:
+    def __init__(self, cfg: dict, zsock: socket.socket):
+        self.cfg, self.zsock = cfg, zsock
+        self.output_bytes = cfg["limits"]["output_bytes"]
+        self.wall_s = cfg["limits"]["wall_s"]
+        self.sel = selectors.DefaultSelector()
+        self.inbuf = bytearray()
+        self.queue: list[dict] = []
+        self.calls: dict[int, _Call] = {}  # by slot
+        self.free_slots = list(range(cfg["workers"]))[::-1]
 
+    # --- replies -----------------------------------------------------------------------------------
 
-# --- the protections, applied in the child -------------------------------------------------------
+    def send(self, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        out = _HEADER.pack(len(data)) + data
+        while out:
+            n = os.write(1, out)
+            out = out[n:]
 
-
-def _set_rlimits(cfg: dict) -> None:
-    lim = cfg["limits"]
-    mem = lim["memory_mb"] * 2**20
-    cpu = lim["cpu_s"]
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at cpu, SIGKILL a second later
-    resource.setrlimit(resource.RLIMIT_FSIZE, (lim["file_mb"] * 2**20,) * 2)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lim["open_files"],) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if cfg["uid_switch"]:  # RLIMIT_NPROC counts the processes (and threads) of the real uid
-        resource.setrlimit(resource.RLIMIT_NPROC, (lim["threads"],) * 2)
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
-
-
-def _switch_uid(uid: int, keep_read: bool) -> None:
-    """Become ``uid``/``uid`` with no groups; ``keep_read``: keep CAP_DAC_READ_SEARCH alone (and no
-    other capability), so the Python beneath a root-only home stays readable (Landlock then bounds
-    what may be read)."""
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    if keep_read and _LIBC.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS) failed")
-    os.setresuid(uid, uid, uid)
-    if keep_read:
-        header = _CapHeader(_CAP_VERSION_3, 0)
-        data = (_CapData * 2)(
-            _CapData(1 << _CAP_DAC_READ_SEARCH, 1 << _CAP_DAC_READ_SEARCH, 0), _CapData(0, 0, 0)
+    def reply(self, call: _Call, status: str, wait_status: int | None, cpu_s: float, note: str = "") -> None:
+        code = os.waitstatus_to_exitcode(wait_status) if wait_status is not None else None
+        stderr = call.data["stderr"].decode("utf-8", "replace") + note
+        self.send(
+            {
+                "id": call.rid,
+                "status": status,
+                "stdout": call.data["stdout"].decode("utf-8", "replace"),
+                "stderr": stderr,
+                "exit_code": code if code is not None and code >= 0 else None,
+                "signal": signal_name(-code) if code is not None and code < 0 else None,
+                "output_bytes": call.sizes["stdout"] + call.sizes["stderr"],
+                "wall_s": time.monotonic() - call.start,
+                "cpu_s": cpu_s,
+            }
         )
-        if _LIBC.capset(ctypes.byref(header), data) != 0:
-            raise OSError(ctypes.get_errno(), "capset(CAP_DAC_READ_SEARCH) failed")
+
+    def fail(self, rid: int, why: str) -> None:
+        self.send(
+            {"id": rid, "status": "sandbox", "stdout": "", "stderr": why, "exit_code": None, "signal": None,
+             "output_bytes": 0, "wall_s": 0.0, "cpu_s": 0.0}
+        )  # fmt: skip
+
+    # --- a call's life -----------------------------------------------------------------------------
+
+    def start_call(self, req: dict) -> None:
+        rid = req.get("id")
+        code = req.get("code")
+        if not isinstance(rid, int) or not isinstance(code, str):
+            return
+        data = code.encode("utf-8", "replace")
+        if len(data) > _MAX_CODE:
+            self.fail(rid, f"the code is {len(data)} bytes; the sandbox takes at most {_MAX_CODE}")
+            return
+        slot = self.free_slots.pop()
+        call = _Call(rid, slot, time.monotonic() + self.wall_s)
+        fds: list[int] = []
+        try:
+            code_r, code_w = os.pipe()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            ready_r, ready_w = os.pipe()
+            fds = [code_r, code_w, out_r, out_w, err_r, err_w, ready_r, ready_w]
+            from components.sandbox.confine import set_pipe_size
+
+            set_pipe_size(code_w, len(data))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(code_w, view) :]
+            os.close(code_w)
+            socket.send_fds(self.zsock, [json.dumps({"op": "spawn", "slot": slot}).encode()],
+                            [code_r, out_w, err_w, ready_w])  # fmt: skip
+            for fd in (code_r, out_w, err_w, ready_w):
+                os.close(fd)
+        except OSError as err:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self.free_slots.append(slot)
+            self.fail(rid, f"the sandbox could not start the call: {err}")
+            return
+        call.pipes = {out_r: "stdout", err_r: "stderr"}
+        call.ready = ready_r
+        self.calls[slot] = call
+        for fd in call.pipes:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ, ("pipe", call))
+
+    def kill(self, call: _Call, why: str) -> None:
+        if call.stopped is None:
+            call.stopped = why
+        if call.killed_at is None:
+            call.killed_at = time.monotonic()
+        self.zsock.send(json.dumps({"op": "kill", "slot": call.slot}).encode())
+
+    def read_pipe(self, fd: int, call: _Call) -> None:
+        try:
+            chunk = os.read(fd, _READ)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.close_pipe(fd, call)
+            return
+        stream = call.pipes[fd]
+        call.sizes[stream] += len(chunk)
+        buf = call.data[stream]
+        buf += chunk[: max(self.output_bytes - len(buf), 0)]
+        if call.sizes[stream] > self.output_bytes:
+            self.kill(call, "output")
+
+    def close_pipe(self, fd: int, call: _Call) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        call.pipes.pop(fd, None)
+
+    def finish(
+        self, slot: int, wait_status: int | None, cpu_s: float, failure: str = "", retire: bool = False
+    ) -> None:
+        """The call of ``slot`` is over (its child reaped, or given up on): answer it, reset the slot
+        (``retire``: processes of its uid could not be killed, so the slot is not used again).
+        Whatever goes wrong here answers the call with ``sandbox`` rather than raising."""
+        call = self.calls.pop(slot, None)
+        if call is None:
+            return
+        try:
+            for fd in list(call.pipes):  # what is left in the pipes; the writers are gone
+                for _ in range(1 << 12):
+                    if fd not in call.pipes or call.stopped == "output":
+                        break
+                    self.read_pipe(fd, call)
+                    if fd in call.pipes and not _readable(fd):
+                        break
+                self.close_pipe(fd, call)
+            ready = _read_ready(call.ready)
+            if failure:
+                status, note = "sandbox", failure
+            else:
+                status = call_status(call.stopped, wait_status, ready, cpu_s, self.cfg["limits"]["cpu_s"])
+                note = ""
+            self.reply(call, status, wait_status, cpu_s, note)
+        except Exception as err:  # the call is answered whatever failed above
+            traceback.print_exc()
+            with contextlib.suppress(Exception):
+                self.fail(call.rid, f"the sandbox failed while ending the call: {type(err).__name__}: {err}")
+        finally:
+            if retire:
+                print(
+                    f"sandbox: slot {slot} retired (what its call left could not be stopped)", file=sys.stderr
+                )
+            else:
+                self.reset_slot(slot)
+
+    def reset_slot(self, slot: int) -> None:
+        """Empty the slot's scratch and give it back; a slot whose scratch cannot be emptied is retired
+        (its calls go to the others), and a server with none left exits (the client starts another)."""
+        try:
+            reset_scratch(self.cfg, slot)
+        except Exception:
+            traceback.print_exc()
+            print(f"sandbox: slot {slot} retired (its scratch could not be emptied)", file=sys.stderr)
+            return
+        self.free_slots.append(slot)
+
+    # --- the zygote's reports ----------------------------------------------------------------------
+
+    def zygote_message(self) -> bool:
+        """Handle one report of the zygote; False when it is gone."""
+        data = self.zsock.recv(4096)
+        if not data:
+            return False
+        msg = json.loads(data)
+        slot = int(msg["slot"])
+        if msg["op"] == "exited":
+            self.finish(slot, int(msg["status"]), float(msg["cpu_s"]))
+        elif msg["op"] == "failed":
+            self.finish(slot, None, 0.0, f"the sandbox could not start the call: {msg.get('error')}")
+        return True
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    def read_requests(self) -> bool:
+        chunk = os.read(0, _READ)
+        if not chunk:
+            return False
+        self.inbuf += chunk
+        while len(self.inbuf) >= 4:
+            (n,) = _HEADER.unpack_from(self.inbuf)
+            if len(self.inbuf) < 4 + n:
+                break
+            self.queue.append(json.loads(bytes(self.inbuf[4 : 4 + n])))
+            del self.inbuf[: 4 + n]
+        return True
+
+    def serve(self) -> None:
+        self.sel.register(self.zsock, selectors.EVENT_READ, ("zygote", None))
+        self.sel.register(0, selectors.EVENT_READ, ("requests", None))
+        open_input = True
+        while open_input or self.calls:
+            while self.queue and self.free_slots:
+                self.start_call(self.queue.pop(0))
+            if not self.free_slots and not self.calls:
+                print("sandbox: every slot is retired; the server stops", file=sys.stderr)
+                for req in self.queue:
+                    self.fail(req.get("id", -1), "the sandbox stopped: every slot is retired")
+                return
+            now = time.monotonic()
+            for call in list(self.calls.values()):
+                if call.killed_at is not None and now - call.killed_at > _KILL_GRACE_S:
+                    self.finish(call.slot, None, 0.0, "the sandbox could not stop the call", retire=True)
+                elif call.deadline <= now and call.stopped is None:
+                    self.kill(call, "wall")
+            deadlines = [c.deadline if c.killed_at is None else c.killed_at + _KILL_GRACE_S
+                         for c in self.calls.values()]  # fmt: skip
+            timeout = min(deadlines, default=now + 60) - now
+            for key, _ in self.sel.select(max(timeout, 0) + 0.001):
+                kind, call = key.data
+                if kind == "requests":
+                    if not self.read_requests():
+                        self.sel.unregister(0)
+                        open_input = False
+                        for c in list(self.calls.values()):
+                            self.kill(c, "closed")
+                elif kind == "zygote":
+                    if not self.zygote_message():
+                        print("sandbox: the zygote is gone; the server stops", file=sys.stderr)
+                        return
+                elif kind == "pipe" and key.fd in call.pipes:
+                    try:
+                        self.read_pipe(key.fd, call)
+                    except OSError:
+                        traceback.print_exc()
+                        self.close_pipe(key.fd, call)
 
 
-def _landlock(read_paths: list[str], scratch: str) -> None:
-    from landlock import FSAccess, Ruleset
-
-    rules = Ruleset()
-    read = FSAccess.READ_FILE | FSAccess.READ_DIR | FSAccess.EXECUTE
-    for path in read_paths:
-        rules.allow(path, rules=read if os.path.isdir(path) else read & FSAccess.all_file())
-    rules.allow(scratch)
-    rules.apply()
-
-
-def _warm_landlock() -> None:
-    """Resolve the landlock package's syscall wrappers once here, not in every child."""
-    from landlock import FSAccess, plumbing
-
-    FSAccess.all()
-    for getter in (plumbing.get_create_ruleset, plumbing.get_add_rule, plumbing.get_restrict_self):
-        getter()
-    plumbing.get_prctl()
-
-
-def _seccomp_program() -> bytes:
-    """The filter as classic BPF (libseccomp compiles it once, in the server)."""
-    import pyseccomp as sc
-
-    f = sc.SyscallFilter(sc.ALLOW)
-    for name in _REFUSED:
-        f.add_rule(sc.ERRNO(errno.EPERM), name)
-    f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
-    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    with tempfile.TemporaryFile() as file:
-        f.export_bpf(file)
-        file.seek(0)
-        return file.read()
+def call_status(
+    stopped: str | None, wait_status: int | None, ready: bool, cpu_s: float, cpu_limit: int
+) -> str:
+    """ok | error (a non-zero exit) | wall_time | cpu_time | output | killed (by a signal) | setup
+    (the sandbox failed before the program ran) | sandbox."""
+    if stopped in ("wall", "output"):
+        return {"wall": "wall_time", "output": "output"}[stopped]
+    if wait_status is None:
+        return "sandbox"
+    if not ready:
+        return "setup"
+    code = os.waitstatus_to_exitcode(wait_status)
+    if code == 0:
+        return "ok"
+    if code > 0:
+        return "error"
+    # the CPU limit sends SIGXCPU, then SIGKILL a second later; a signal the program sent itself does not
+    # come with the CPU time spent
+    if -code in (signal.SIGXCPU, signal.SIGKILL) and cpu_s >= cpu_limit - 0.05:
+        return "cpu_time"
+    return "killed"
 
 
-def _load_seccomp(program: bytes) -> None:
-    """Install ``program`` on this process (after no_new_privs, as an unprivileged process must)."""
-    buf = ctypes.create_string_buffer(program, len(program))
-    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    if _LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+def signal_name(number: int) -> str:
+    """SIGSEGV, SIGRTMIN+6, or "signal 70" for a number without a name (never raises)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        pass
+    if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+        return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+    return f"signal {number}"
 
 
-# --- probe ---------------------------------------------------------------------------------------
+def reset_scratch(cfg: dict, slot: int) -> None:
+    from components.sandbox.scratch import empty_dir
+
+    path = cfg["scratch"][slot]
+    empty_dir(path)
+    uid = cfg["uid_base"] + slot if cfg["uid_switch"] else os.geteuid()
+    os.chown(path, uid, uid)
+    os.chmod(path, 0o700)
 
 
-def _unshare_network() -> str | None:
-    """Move this process into a new, empty network namespace; None on success, else why not."""
-    flags = [_CLONE_NEWNET] if os.geteuid() == 0 else [_CLONE_NEWUSER | _CLONE_NEWNET]
-    for flag in flags:
-        if _LIBC.unshare(flag) == 0:
-            return None
-    return f"unshare(CLONE_NEWNET) refused: {os.strerror(ctypes.get_errno())}"
+def _readable(fd: int) -> bool:
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    try:
+        return bool(sel.select(0))
+    finally:
+        sel.close()
+
+
+def _read_ready(fd: int | None) -> bool:
+    """Whether the child wrote its ready byte (it did once its confinement and code were in place)."""
+    if fd is None:
+        return False
+    try:
+        os.set_blocking(fd, False)
+        return os.read(fd, 1) == b"R"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+# --- start-up --------------------------------------------------------------------------------------
 
 
 def _in_child(fn) -> str | None:
@@ -210,356 +380,87 @@ def _in_child(fn) -> str | None:
     return message or f"probe exited with status {os.waitstatus_to_exitcode(status)}"
 
 
-def _probe_seccomp() -> None:
-    _load_seccomp(_seccomp_program())
-    try:
-        os.fork()
-    except PermissionError:
-        return
-    raise RuntimeError("a seccomp filter loaded but fork was still allowed")
-
-
-def _probe_landlock(cfg: dict) -> None:
-    _landlock(cfg["read_paths"], cfg["scratch_root"])
-    try:
-        with open(cfg["probe_file"]):
-            pass
-    except PermissionError:
-        return
-    raise RuntimeError(f"Landlock applied but {cfg['probe_file']} could still be read")
-
-
-def _probe_uid() -> None:
-    if os.geteuid() != 0:
-        raise RuntimeError(f"the server runs as uid {os.geteuid()}, not root: it cannot switch uids")
-    _switch_uid(_SLOT_UID_PROBE, keep_read=True)
-    try:
-        os.kill(1, 0)
-    except PermissionError:
-        return
-    raise RuntimeError("switched uid but could still signal pid 1")
-
-
-_SLOT_UID_PROBE = 2**31 - 2
+_PROBE_UID = 2**31 - 2
 
 
 def probe(cfg: dict) -> dict[str, str | None]:
-    """Each protection -> None when granted, else why not (network: applied to this process)."""
+    """Each protection -> None when granted, else why not (the namespaces: applied to this process)."""
+    from components.sandbox import confine
+
+    def seccomp() -> None:
+        confine.no_new_privs()
+        confine.load_seccomp(confine.seccomp_program())
+        try:
+            os.fork()
+        except PermissionError:
+            return
+        raise RuntimeError("a seccomp filter loaded but fork was still allowed")
+
+    def landlock() -> None:
+        abi = confine.landlock_abi()
+        if abi < 1:
+            raise RuntimeError("the kernel has no Landlock")
+        fd = confine.landlock_ruleset([], cfg["scratch_root"], abi)
+        confine.no_new_privs()
+        confine.landlock_enter(fd)
+        try:
+            with open(cfg["probe_file"]):
+                pass
+        except PermissionError:
+            return
+        raise RuntimeError(f"Landlock applied but {cfg['probe_file']} could still be read")
+
+    def uid_switch() -> None:
+        if os.geteuid() != 0:
+            raise RuntimeError(f"the server runs as uid {os.geteuid()}, not root: it cannot switch uids")
+        confine.switch_uid(_PROBE_UID, keep_read=True)
+        try:
+            os.kill(1, 0)
+        except PermissionError:
+            return
+        raise RuntimeError("switched uid but could still signal pid 1")
+
+    disabled = cfg["disable"]
     found: dict[str, str | None] = {}
-    found["network_namespace"] = None if "network_namespace" in cfg["disable"] else _unshare_network()
-    found["uid_switch"] = _in_child(_probe_uid)
-    found["landlock"] = _in_child(lambda: _probe_landlock(cfg))
-    found["seccomp"] = _in_child(_probe_seccomp)
-    for name in cfg["disable"]:
+    found["network_namespace"] = None if "network_namespace" in disabled else confine.unshare_network()
+    found["scratch_tmpfs"] = None if "scratch_tmpfs" in disabled else confine.unshare_mounts()
+    found["uid_switch"] = _in_child(uid_switch)
+    found["landlock"] = _in_child(landlock)
+    found["seccomp"] = _in_child(seccomp)
+    for name in disabled:
         found[name] = found[name] or "disabled by the sandbox's settings"
     return found
 
 
-# --- the child -----------------------------------------------------------------------------------
+def _prepare_scratch(cfg: dict) -> None:
+    """One directory per slot beneath the scratch root; with ``scratch_tmpfs`` a tmpfs on each (the
+    call's disk total and file count), in this server's own mount namespace."""
+    from components.sandbox import confine
 
-
-def _child(cfg: dict, code: str, scratch: str, uid: int, fds: tuple[int, int, int]) -> None:
-    """Set up the confinement and run ``code``; never returns."""
-    try:
-        os.setsid()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        os.closerange(3, 1 << 16)
-        os.chdir(scratch)
-        _set_rlimits(cfg)
-        if cfg["uid_switch"]:
-            _switch_uid(uid, keep_read=cfg["landlock"])
-        if cfg["landlock"]:
-            _landlock(cfg["read_paths"], scratch)
-        if cfg["seccomp"]:
-            _load_seccomp(_SECCOMP)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        sys.path[:] = cfg["stdlib_path"]
-        sys.argv[:] = ["<code>"]
-        for name in ("landlock", "pyseccomp"):  # the model's code sees the standard library only
-            sys.modules.pop(name, None)
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-    except BaseException as err:
-        os.write(2, f"sandbox setup failed: {type(err).__name__}: {err}\n".encode())
-        os._exit(125)
-    status = 0
-    try:
-        exec(compile(code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-    except SystemExit as err:
-        status = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
-    except BaseException:
-        status = 1
-        try:
-            traceback.print_exc(limit=-8)
-        except BaseException:
-            os.write(2, b"Error: the traceback could not be printed\n")
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:
-        pass
-    os._exit(status & 0xFF)
-
-
-# --- the server ----------------------------------------------------------------------------------
-
-
-class _Call:
-    def __init__(self, rid: int, slot: int, pid: int, pidfd: int, out: int, err: int, deadline: float):
-        self.rid, self.slot, self.pid, self.pidfd = rid, slot, pid, pidfd
-        self.pipes = {out: "stdout", err: "stderr"}
-        self.data = {"stdout": bytearray(), "stderr": bytearray()}
-        self.total = 0
-        self.deadline = deadline
-        self.start = time.monotonic()
-        self.stopped: str | None = None  # why the server killed it
-
-
-class Server:
-    def __init__(self, cfg: dict):
-        self.cfg = cfg
-        lim = cfg["limits"]
-        self.wall_s = lim["wall_s"]
-        self.output_bytes = lim["output_bytes"]
-        self.workers = cfg["workers"]
-        self.sel = selectors.DefaultSelector()
-        self.inbuf = bytearray()
-        self.queue: list[dict] = []
-        self.calls: dict[int, _Call] = {}  # by pidfd
-        self.free_slots = list(range(self.workers))
-        self.scratch = [os.path.join(cfg["scratch_root"], f"slot{i}") for i in range(self.workers)]
-        self.exited: dict[int, int] = {}  # wait status of call children reaped with the orphans
-
-    def reap_orphans(self) -> None:
-        """Wait for every exited child (orphans of a call come here: the server is their subreaper);
-        a call's own child is kept in ``exited`` for :meth:`finish`."""
-        calls = {c.pid for c in self.calls.values()}
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid in calls:
-                self.exited[pid] = status
-
-    def slot_uid(self, slot: int) -> int:
-        return self.cfg["uid_base"] + slot
-
-    def reset_scratch(self, slot: int) -> None:
-        path = self.scratch[slot]
-        shutil.rmtree(path, ignore_errors=True)
+    cfg["scratch"] = [os.path.join(cfg["scratch_root"], f"slot{i}") for i in range(cfg["workers"])]
+    for slot, path in enumerate(cfg["scratch"]):
         os.mkdir(path, 0o700)
-        if self.cfg["uid_switch"]:
-            os.chown(path, self.slot_uid(slot), self.slot_uid(slot))
-
-    def send(self, obj: dict) -> None:
-        data = json.dumps(obj).encode()
-        out = _HEADER.pack(len(data)) + data
-        while out:
-            n = os.write(1, out)
-            out = out[n:]
-
-    def start_call(self, req: dict) -> None:
-        slot = self.free_slots.pop()  # its scratch directory was emptied when its last call ended
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        in_r, in_w = os.pipe()
-        os.close(in_w)  # the child's stdin: at end of file at once
-        pid = os.fork()
-        if pid == 0:
-            _child(self.cfg, req["code"], self.scratch[slot], self.slot_uid(slot), (in_r, out_w, err_w))
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-        pidfd = os.pidfd_open(pid)
-        call = _Call(req["id"], slot, pid, pidfd, out_r, err_r, time.monotonic() + self.wall_s)
-        self.calls[pidfd] = call
-        self.sel.register(pidfd, selectors.EVENT_READ, ("exit", call))
-        for fd in call.pipes:
-            os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ, ("pipe", call))
-
-    def kill(self, call: _Call, why: str) -> None:
-        if call.stopped is None:
-            call.stopped = why
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(call.pid, signal.SIGKILL)
-
-    def read_pipe(self, fd: int, call: _Call) -> None:
-        try:
-            chunk = os.read(fd, _READ)
-        except BlockingIOError:
-            return
-        if not chunk:
-            self.sel.unregister(fd)
-            os.close(fd)
-            del call.pipes[fd]
-            return
-        call.total += len(chunk)
-        buf = call.data[call.pipes[fd]]
-        room = self.output_bytes - len(call.data["stdout"]) - len(call.data["stderr"])
-        buf += chunk[: max(room, 0)]
-        if call.total > self.output_bytes:
-            self.kill(call, "output")
-
-    def finish(self, call: _Call) -> None:
-        status = self.exited.pop(call.pid) if call.pid in self.exited else os.waitpid(call.pid, 0)[1]
-        self.sel.unregister(call.pidfd)
-        os.close(call.pidfd)
-        del self.calls[call.pidfd]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(call.pid, signal.SIGKILL)  # anything left in its group
-        for fd in list(call.pipes):  # what is left in the pipes, without waiting on a writer
-            while fd in call.pipes and call.stopped != "output" and _readable(fd):
-                self.read_pipe(fd, call)
-            if fd in call.pipes:
-                self.sel.unregister(fd)
-                os.close(fd)
-                del call.pipes[fd]
-        if self.cfg["uid_switch"] and not self.cfg["seccomp"]:  # (seccomp: it could not fork)
-            self.reap(self.slot_uid(call.slot))
-        self.reap_orphans()
-        self.reset_scratch(call.slot)
-        self.free_slots.append(call.slot)
-        code = os.waitstatus_to_exitcode(status)
-        self.send(
-            {
-                "id": call.rid,
-                "status": _status(call.stopped, code),
-                "stdout": call.data["stdout"].decode("utf-8", "replace"),
-                "stderr": call.data["stderr"].decode("utf-8", "replace"),
-                "exit_code": code if code >= 0 else None,
-                "signal": signal.Signals(-code).name if code < 0 else None,
-                "output_bytes": call.total,
-                "wall_s": time.monotonic() - call.start,
-            }
-        )
-
-    def reap(self, uid: int) -> None:
-        """Kill every process of ``uid`` (a forked reaper running as that uid signals them all) and
-        wait, at most a second, until none is left, zombies included."""
-        deadline = time.monotonic() + 1.0
-        while _processes_of(uid) and time.monotonic() < deadline:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.setresuid(uid, uid, uid)
-                    os.kill(-1, signal.SIGKILL)
-                except BaseException:
-                    pass
-                os._exit(0)
-            os.waitpid(pid, 0)
-            self.reap_orphans()
-            time.sleep(0.001)
-
-    def read_requests(self) -> bool:
-        chunk = os.read(0, _READ)
-        if not chunk:
-            return False
-        self.inbuf += chunk
-        while len(self.inbuf) >= 4:
-            (n,) = _HEADER.unpack_from(self.inbuf)
-            if len(self.inbuf) < 4 + n:
-                break
-            self.queue.append(json.loads(bytes(self.inbuf[4 : 4 + n])))
-            del self.inbuf[: 4 + n]
-        return True
-
-    def serve(self) -> None:
-        for slot in range(self.workers):
-            self.reset_scratch(slot)
-        gc.freeze()  # what is loaded now stays out of the collector: children touch fewer shared pages
-        _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        wake_r, wake_w = os.pipe()  # SIGCHLD wakes the loop, which waits for orphans
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        self.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
-        self.sel.register(0, selectors.EVENT_READ, ("requests", None))
-        open_input = True
-        while open_input or self.calls:
-            while self.queue and self.free_slots:
-                self.start_call(self.queue.pop(0))
-            now = time.monotonic()
-            for call in list(self.calls.values()):
-                if call.deadline <= now:
-                    self.kill(call, "wall")
-            timeout = min((c.deadline for c in self.calls.values()), default=now + 60) - now
-            for key, _ in self.sel.select(max(timeout, 0) + 0.001):
-                kind, call = key.data
-                if kind == "wake":
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(key.fd, _READ)
-                    self.reap_orphans()
-                elif kind == "requests":
-                    if not self.read_requests():
-                        self.sel.unregister(0)
-                        open_input = False
-                        for c in list(self.calls.values()):
-                            self.kill(c, "closed")
-                elif kind == "pipe" and key.fd in call.pipes:
-                    self.read_pipe(key.fd, call)
-                elif kind == "exit" and call.pidfd in self.calls:
-                    self.finish(call)
-
-
-def _processes_of(uid: int) -> list[int]:
-    """The pids whose real uid is ``uid`` (read from /proc)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    out.append(int(name))
-            except OSError:
-                pass
-    return out
-
-
-def _readable(fd: int) -> bool:
-    sel = selectors.DefaultSelector()
-    sel.register(fd, selectors.EVENT_READ)
-    try:
-        return bool(sel.select(0))
-    finally:
-        sel.close()
-
-
-def _status(stopped: str | None, code: int) -> str:
-    """ok | error | wall_time | cpu_time | output | killed | setup (the sandbox failed)."""
-    if stopped in ("wall", "output"):
-        return {"wall": "wall_time", "output": "output"}[stopped]
-    if code == 0:
-        return "ok"
-    if code == 125:
-        return "setup"
-    if code > 0:
-        return "error"
-    if -code in (signal.SIGXCPU, signal.SIGKILL) and stopped is None:
-        return "cpu_time"
-    return "killed"
-
-
-_SECCOMP = None
+        uid = cfg["uid_base"] + slot if cfg["uid_switch"] else os.geteuid()
+        if cfg["scratch_tmpfs"]:
+            confine.mount_tmpfs(path, cfg["limits"]["disk_mb"], _INODES, uid)
+        reset_scratch(cfg, slot)
 
 
 def main() -> None:
-    global _SECCOMP
     cfg = json.loads(sys.argv[1])
     sys.path[:0] = cfg["lib_paths"]
+    from components.sandbox import confine, scratch, zygote
+
+    protections = confine.PROTECTIONS
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     cfg["scratch_root"] = tempfile.mkdtemp(prefix="steprl-sandbox-")
     os.chmod(cfg["scratch_root"], 0o711)
+    uid_lock = None
     try:
+        cfg["uid_base"], uid_lock = confine.claim_uid_range(cfg["workers"], cfg["uid_floor"])
         found = probe(cfg)
         missing = {k: v for k, v in found.items() if v is not None}
-        for name in PROTECTIONS:
+        for name in protections:
             cfg[name] = found[name] is None
         error = None
         if missing and not cfg["allow_weaker"]:
@@ -570,26 +471,54 @@ def main() -> None:
                 "process of this user (kill(-1)), the trainer's included; it refuses to start even with "
                 "allow_weaker"
             )
-        server = Server(cfg)
-        if cfg["landlock"]:
-            _warm_landlock()
-        for name in cfg["preload"]:
-            __import__(name)
-        if cfg["seccomp"]:
-            _SECCOMP = _seccomp_program()
-        server.send(
-            {
-                "probe": found,
-                "missing": sorted(missing),
-                "error": error,
-                "pid": os.getpid(),
-                "scratch_root": cfg["scratch_root"],
-            }
-        )
+        zygote_pid = None
         if error is None:
-            server.serve()
+            _prepare_scratch(cfg)
+            abi = confine.landlock_abi() if cfg["landlock"] else 0
+            rules = confine.read_rules(cfg["stdlib_path"], cfg["system_paths"]) if abi else []
+            rulesets = (
+                {s: confine.landlock_ruleset(rules, p, abi) for s, p in enumerate(cfg["scratch"])}
+                if abi
+                else {}
+            )
+            for name in cfg["preload"]:
+                __import__(name)
+            program = confine.seccomp_program() if cfg["seccomp"] else None
+            cfg["server_pid"] = os.getpid()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            zygote_pid = os.fork()
+            if zygote_pid == 0:
+                ours.close()
+                os.close(uid_lock)
+                zygote.run(cfg, theirs, rulesets, program)
+            theirs.close()
+            for fd in rulesets.values():
+                os.close(fd)
+            cfg["landlock_abi"] = abi
+        server_hello = {
+            "probe": found,
+            "missing": sorted(missing),
+            "error": error,
+            "pid": os.getpid(),
+            "zygote_pid": zygote_pid,
+            "scratch_root": cfg["scratch_root"],
+            "uid_base": cfg["uid_base"],
+            "landlock_abi": cfg.get("landlock_abi", 0),
+        }
+        Server(cfg, None).send(server_hello)
+        if error is None:
+            Server(cfg, ours).serve()
+            ours.close()  # the zygote kills what is left and exits
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(zygote_pid, 0)
     finally:
-        shutil.rmtree(cfg["scratch_root"], ignore_errors=True)
+        for path in cfg.get("scratch", []):
+            with contextlib.suppress(Exception):
+                confine.unmount(path) if cfg.get("scratch_tmpfs") else scratch.empty_dir(path)
+        with contextlib.suppress(Exception):
+            scratch.remove_tree(cfg["scratch_root"])
+        if uid_lock is not None:
+            os.close(uid_lock)
 
 
 if __name__ == "__main__":

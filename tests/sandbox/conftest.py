@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import psutil
 import pytest
+from sandbox_helpers import LIMITS, sandbox_processes
 
-from components.sandbox import Sandbox, SandboxLimits
-from components.sandbox.client import _UID_BASE
-
-LIMITS = SandboxLimits(wall_s=4.0, cpu_s=1, memory_mb=256, output_bytes=4096, file_mb=1, threads=8)
-
-
-def sandbox_processes(sandbox: Sandbox) -> list[psutil.Process]:
-    """Processes the sandbox left: its server's children, and anything running as a sandbox uid."""
-    left = psutil.Process(sandbox.server_pid).children(recursive=True)
-    for proc in psutil.process_iter(["uids"]):
-        uids = proc.info["uids"]
-        if uids is not None and uids.real >= _UID_BASE:
-            left.append(proc)
-    return left
+from components.sandbox import Sandbox
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -121,9 +122,11 @@ def test_socket_to_a_local_listener_fails(run, weaker):
         with pytest.raises(BlockingIOError):
             listener.accept()
         # seccomp alone refuses the socket; without it the empty network namespace still cannot reach
-        # the host's loopback; without both, the connection is made
+        # the host's loopback, and without that Landlock refuses TCP connections (ABI 4+); without the
+        # three, the connection is made
         assert weaker("seccomp").run(code).status == "error"
-        assert weaker("seccomp", "network_namespace").run(code).stdout == "connected\n"
+        assert weaker("seccomp", "network_namespace").run(code).status == "error"
+        assert weaker("seccomp", "network_namespace", "landlock").run(code).stdout == "connected\n"
     finally:
         listener.close()
 
@@ -207,7 +210,11 @@ def test_other_calls_go_on_beside_hostile_ones(sandbox: Sandbox):
 def test_the_trainer_survives_a_killed_server(weaker):
     box = weaker("landlock")  # a sandbox of its own, so the shared one stays up
     pid, scratch = box.server_pid, box.scratch_root
+    running = box.submit("import time\ntime.sleep(20)")
+    time.sleep(0.3)
     os.kill(pid, signal.SIGKILL)
+    r = running.result(timeout=20)  # failed at once, not sent again
+    assert r.status == "sandbox" and r.wall_s == 0.0
     assert box.run("print(3)").stdout == "3\n"  # started again
     assert box.server_pid != pid
     assert not os.path.exists(scratch)  # the killed server's scratch directories were removed

@@ -29,16 +29,18 @@ class CodeParams(TaskParams):
     # its error, the fixed program, the answer (0 = the expert's only).
     weak_per_question: float = Field(0.5, ge=0, le=8)
     # The sandbox of each `python` call (docs/sandbox.md): wall-clock seconds, CPU seconds, address
-    # space (MB), output kept (bytes; more stops the program), largest scratch file (MB).
+    # space (MB), output kept (bytes of stdout, and of stderr; more stops the program), largest scratch
+    # file (MB), all scratch files together (MB).
     wall_s: float = Field(5.0, gt=0, le=600)
     cpu_s: int = Field(3, ge=1, le=600)
     memory_mb: int = Field(512, ge=64, le=65536)
     output_bytes: int = Field(4096, ge=64, le=10**7)
     file_mb: int = Field(16, ge=1, le=4096)
+    disk_mb: int = Field(64, ge=1, le=65536)
     # Calls run at once by the sandbox's server (one child process each; more queue).
     workers: int = Field(4, ge=1, le=256)
     # Start even where the machine refuses a protection (network namespace, uid switch, Landlock,
-    # seccomp), with a warning naming it; false = refuse to start and say what is missing.
+    # seccomp, scratch tmpfs), with a warning naming it; false = refuse to start and say what is missing.
     allow_weaker: bool = False
 
     @model_validator(mode="after")
@@ -57,6 +59,7 @@ class CodeParams(TaskParams):
             memory_mb=self.memory_mb,
             output_bytes=self.output_bytes,
             file_mb=self.file_mb,
+            disk_mb=self.disk_mb,
         )
 
     def sandbox_settings(self) -> dict:

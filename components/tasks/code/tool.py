@@ -39,6 +39,8 @@ def format_result(result: SandboxResult, sandbox: Sandbox) -> ToolResult:
             last = f"MemoryError: out of memory (memory limit {lim.memory_mb} MB)"
         elif "[Errno 27]" in last:  # EFBIG
             last = f"{last} (file size limit {lim.file_mb} MB)"
+        elif "[Errno 28]" in last:  # ENOSPC: the scratch directory is full
+            last = f"{last} (disk limit {lim.disk_mb} MB for all files)"
         return ToolResult(f"{out}\n{last}" if out else last, is_error=True)
     message = stopped.get(result.status, f"error: {result.status}")
     return ToolResult(f"{out}\n{message}" if out else message, is_error=True)

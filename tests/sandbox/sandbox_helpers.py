@@ -1,0 +1,19 @@
+"""What the sandbox's tests share: their limits, and the processes a sandbox left."""
+
+from __future__ import annotations
+
+import psutil
+
+from components.sandbox import Sandbox, SandboxLimits
+
+LIMITS = SandboxLimits(wall_s=4.0, cpu_s=1, memory_mb=256, output_bytes=4096, file_mb=1, threads=8)
+
+
+def sandbox_processes(sandbox: Sandbox) -> list[psutil.Process]:
+    """Processes the sandbox left: its zygote's children, and anything running as one of its uids."""
+    left = psutil.Process(sandbox.zygote_pid).children(recursive=True)
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info["uids"]
+        if uids is not None and uids.real in sandbox.uids:
+            left.append(proc)
+    return left
