@@ -3,6 +3,7 @@
 Layout of a checkpoint directory::
 
     <dir>/config.json, model.safetensors, generation_config.json, tokenizer files   (HF format)
+         (a LoRA model: adapter_config.json, adapter_model.safetensors instead of the weights)
     <dir>/ds/...                      DeepSpeed state (optimizer, scheduler, counters), optional
     <dir>/steprl_complete.json        completion marker, written last
 
