@@ -282,6 +282,21 @@ def mlflow_run(
         print(f"MLflow: open the UI with `make mlflow-ui` and look at experiment '{name}'", flush=True)
 
 
+def log_metrics_once(metrics: dict[str, float], step: int) -> dict[str, float]:
+    """Log ``metrics`` at ``step`` to the active MLflow run, only the keys the run has no value of at
+    that step yet: a stage rerun after a kill continues its MLflow run (``mlflow_run(run_id=...)``)
+    and must not log a step twice, nor leave out a key a killed run had not logged. Returns what it
+    logged."""
+    import mlflow
+
+    run_id = mlflow.active_run().info.run_id
+    history = mlflow.tracking.MlflowClient().get_metric_history
+    new = {k: v for k, v in metrics.items() if all(m.step != step for m in history(run_id, k))}
+    if new:
+        mlflow.log_metrics(new, step=step)
+    return new
+
+
 # What `dvc repro` / `dvc exp run` tell a stage through its environment (dvc/env.py; set by
 # dvc/stage/run.py and dvc/repo/experiments/queue/base.py): the MLflow tag each one becomes.
 DVC_ENV_TAGS = {

@@ -54,7 +54,16 @@ from flows import REPO, processed
 from flows._cache import content_key, file_digest, source_digest
 from flows._gpu import check_gpu_memory
 from flows._nodes import check_world, machines, summary, torchrun_follower
-from flows._stage import STAGE_PARTS, StageError, mlflow_run, process_age, read_params, stage_main, timed
+from flows._stage import (
+    STAGE_PARTS,
+    StageError,
+    log_metrics_once,
+    mlflow_run,
+    process_age,
+    read_params,
+    stage_main,
+    timed,
+)
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
 from flows.train_metrics import anchor_metrics, iteration_metrics
@@ -429,8 +438,8 @@ def _run(params: Params, algo: str, rl_seed: int, sft_seed: int, name: str, run:
             with timed("initial_validation", parts):
                 initial = _initial_validation(session, params, name, sft_seed, resumed=last >= 0)
             history = [] if initial is None else [{"iteration": -1, **initial}]
-            if initial is not None and -1 not in logged:  # the SFT policy: step -1 of the val curves
-                mlflow.log_metrics(initial, step=-1)
+            if initial is not None:  # the SFT policy: step -1 of the val curves, once across resumes
+                log_metrics_once(initial, step=-1)
             with timed("iterations", parts):
                 for k in range(t.iterations):
                     if _finished(name, k):

@@ -108,3 +108,48 @@ def test_runs_are_tagged_with_the_git_commit_and_the_dvc_experiment(store, monke
     assert data.tags["dvc.stage"] == "train@ppo-1"
     _, plain = _train_run(store, monkeypatch, "ppo")  # plain `dvc repro` or by hand: no experiment tags
     assert not [t for t in plain.tags if t.startswith("dvc.")]
+
+
+def _metric_rows(store, run_id: str) -> list[tuple[str, int]]:
+    """(key, step) of every metric value the run's sqlite store holds, one row per logged value."""
+    import sqlite3
+
+    con = sqlite3.connect(store / "mlflow.db")
+    try:
+        return con.execute("select key, step from metrics where run_uuid = ?", (run_id,)).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_train_run_resumed_three_times_logs_the_sft_validation_once(store, monkeypatch):
+    """flows.train logs the SFT policy's validation at step -1 with log_metrics_once: a run killed
+    (kill -9) after it and resumed three times, each resume continuing the same MLflow run, holds
+    each of its 48 keys at step -1 exactly once (the old check looked for step -1 in
+    timing_s/iteration, which is never logged there, and so logged the 48 keys again each time).
+    A key a killed run had not logged at a step is logged on resume; another step is another point.
+    (One test: a fresh sqlite store's tables take seconds to create.)"""
+    from components.config import load_params
+    from flows import REPO
+    from flows._stage import log_metrics_once
+    from flows.train import train_mlflow_run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow.get_tracking_uri())
+    params = load_params(REPO / "params.yaml")
+    initial = {f"val/t0.4/key{i}": i / 48 for i in range(48)}  # what validate_sft returned
+    with train_mlflow_run(params, "ppo", 0, 0, run_id=None) as run:
+        run_id = run.info.run_id
+        assert log_metrics_once(initial, step=-1) == initial
+        mlflow.log_metrics({"timing_s/iteration": 1.0, "val/accuracy": 0.5}, step=0)
+    for _ in range(3):  # each resume: the same run, the SFT validation read back from val_initial.json
+        with train_mlflow_run(params, "ppo", 0, 0, run_id=run_id) as again:
+            assert again.info.run_id == run_id
+            assert log_metrics_once(initial, step=-1) == {}
+    rows = _metric_rows(store, run_id)
+    assert sorted(rows) == sorted({*rows}), "a (key, step) logged twice"
+    assert len([r for r in rows if r[1] == -1]) == 48 and len(rows) == 50
+
+    with mlflow.start_run() as other:  # killed after one key of two at step -1
+        mlflow.log_metrics({"a": 1.0}, step=-1)
+        assert log_metrics_once({"a": 1.0, "b": 2.0}, step=-1) == {"b": 2.0}
+        assert log_metrics_once({"a": 1.0}, step=0) == {"a": 1.0}
+    assert sorted(_metric_rows(store, other.info.run_id)) == [("a", -1), ("a", 0), ("b", -1)]

@@ -1,7 +1,7 @@
 """Killing `train` mid-iteration and rerunning it resumes at the first unfinished task.
 
 Finished iterations are not recomputed, the unfinished iteration's finished tasks are Prefect cache
-hits, MLflow gets every iteration's metrics exactly once, and the resumed run ends where an
+hits, MLflow gets every iteration's metrics and the SFT validation's (step -1) exactly once, and the resumed run ends where an
 uninterrupted run ends (same rollouts in the last iteration).
 """
 
@@ -91,6 +91,12 @@ def test_kill_mid_iteration_then_resume(tmp_path):
         )
     ]
     assert steps == [0, 1, 2], steps
+    twice = con.execute(
+        "select key, step, count(*) from metrics where run_uuid = ? group by key, step having count(*) > 1",
+        runs[0],
+    ).fetchall()
+    assert twice == [], f"logged more than once: {twice[:5]}"  # the SFT validation's step -1 too
+    assert con.execute("select count(*) from metrics where run_uuid = ? and step = -1", runs[0]).fetchone()[0]
 
     # The same run without the crash ends with the same last iteration.
     ref = _prepared(tmp_path / "b")
