@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from components.device import model_device, to_device
+from components.train.packing import PACK_CAPACITY, PackedRows, pack_rows
 
 
 @dataclass
@@ -46,6 +47,9 @@ class TokenBatch:
     response_pos: Tensor  # (B, L) position of the logit that scores response token j
     value_pos: Tensor  # (B,) last prompt token
     prefix: SharedPrefix | None = None  # set when the sequences are forwarded on shared prefixes
+    packed: PackedRows | None = (
+        None  # the forward's layout (``packed_rows``), built with the batch on the CPU
+    )
 
     def to(self, device: torch.device | str) -> TokenBatch:
         return to_device(self, device)
@@ -211,9 +215,11 @@ def make_token_batch(
         prefix = _share_prefixes(seqs, pad_id, min_prefix)
         if int(prefix.prefix_mask.sum()) == 0:
             prefix = None
-    return TokenBatch(
+    batch = TokenBatch(
         input_ids, attention_mask, torch.tensor(where, dtype=torch.long), resp, mask, pos, value_pos, prefix
     )
+    batch.packed = packed_rows(batch)  # from the ids on the CPU: a device tensor would need a sync
+    return batch
 
 
 def shared_prefix_hidden(decoder: torch.nn.Module, sp: SharedPrefix) -> tuple[Tensor, Tensor]:
@@ -232,19 +238,48 @@ def shared_prefix_hidden(decoder: torch.nn.Module, sp: SharedPrefix) -> tuple[Te
     return pre.last_hidden_state, out.last_hidden_state
 
 
+def packed_rows(batch: TokenBatch, capacity: int = PACK_CAPACITY) -> PackedRows:
+    """The batch's distinct sequences (on their shared prefixes when it has them) packed end to end
+    into a few rows (``components.train.packing``), on the batch's device."""
+    if batch.prefix is None:
+        lengths = batch.attention_mask.sum(1).tolist()
+        ids = batch.input_ids.tolist()
+        units = [([], [(s, ids[s][:n])]) for s, n in enumerate(lengths)]
+    else:
+        sp = batch.prefix
+        pre_len, suf_len = sp.prefix_mask.sum(1).tolist(), sp.suffix_mask.sum(1).tolist()
+        pre_ids, suf_ids, group = sp.prefix_ids.tolist(), sp.suffix_ids.tolist(), sp.group.tolist()
+        members: dict[int, list] = {}
+        for s, g in enumerate(group):
+            members.setdefault(g, []).append((s, suf_ids[s][: suf_len[s]]))
+        units = [(pre_ids[g][: pre_len[g]], m) for g, m in members.items()]
+    S, T = batch.input_ids.shape
+    return pack_rows(units, S, T, pad_id=0, capacity=capacity, device=batch.input_ids.device)
+
+
+def _attention_mask(decoder: torch.nn.Module, mask: Tensor) -> Tensor:
+    """The packed rows' boolean mask (R, 1, C, C) as the decoder's attention takes a 4-D mask: boolean
+    for sdpa, additive (0 or the dtype's minimum) for the others (eager adds it to the scores)."""
+    if getattr(decoder.config, "_attn_implementation", "sdpa") == "sdpa":
+        return mask
+    dtype = next(decoder.parameters()).dtype
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
 def _hidden_at(decoder: torch.nn.Module, batch: TokenBatch, positions: Tensor) -> Tensor:
     """Final hidden states of the backbone ``decoder`` for each row at ``positions`` (B, K) -> (B, K, H),
-    without materialising (S, T, V) logits; on shared prefixes when the batch has them."""
+    without materialising (S, T, V) logits. The distinct sequences (on shared prefixes when the batch
+    has them) are forwarded packed end to end (``packed_rows``): about the real tokens, no padding."""
     seq = batch.row_seq.unsqueeze(-1).expand_as(positions)  # (B, K) the sequence of each position
-    if batch.prefix is None:
-        out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        return out.last_hidden_state[seq, positions]  # from (S, T, H)
-    sp = batch.prefix
-    pre, suf = shared_prefix_hidden(decoder, sp)
-    start = sp.length[seq]
-    h_pre = pre[sp.group[seq], positions.clamp(max=pre.size(1) - 1)]
-    h_suf = suf[seq, (positions - start).clamp(min=0, max=suf.size(1) - 1)]
-    return torch.where((positions < start).unsqueeze(-1), h_pre, h_suf)
+    packed = batch.packed if batch.packed is not None else packed_rows(batch)
+    out = decoder(
+        input_ids=packed.ids,
+        attention_mask=_attention_mask(decoder, packed.mask),
+        position_ids=packed.positions,
+        use_cache=False,
+    )
+    flat = out.last_hidden_state.flatten(0, 1)  # (R * C, H)
+    return flat[packed.where[seq, positions.clamp(max=batch.input_ids.size(1) - 1)]]
 
 
 def head_logits(head: torch.nn.Module, h: Tensor) -> Tensor:

@@ -228,8 +228,12 @@ def test_to_device_moves_every_tensor_of_a_token_batch_and_keeps_the_rest():
     )
     assert batch.prefix is not None
     moved = to_device({"batch": batch, "n": 3, "none": None, "pair": (torch.ones(2), "x")}, "meta")
-    fields = [getattr(moved["batch"], f.name) for f in dataclasses.fields(batch) if f.name != "prefix"]
-    fields += [getattr(moved["batch"].prefix, f.name) for f in dataclasses.fields(batch.prefix)]
+    nested = ("prefix", "packed")
+    fields = [getattr(moved["batch"], f.name) for f in dataclasses.fields(batch) if f.name not in nested]
+    for name in nested:  # the shared prefixes and the packed layout: dataclasses of tensors
+        fields += [
+            getattr(getattr(moved["batch"], name), f.name) for f in dataclasses.fields(getattr(batch, name))
+        ]
     assert all(t.device.type == "meta" for t in fields)
     assert moved["n"] == 3 and moved["none"] is None and moved["pair"][1] == "x"
     assert moved["pair"][0].device.type == "meta"
