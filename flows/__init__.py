@@ -18,6 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 # Seconds a stage (or `make repro`) waits for the Prefect server it starts to answer.
 PREFECT_STARTUP_TIMEOUT_S = 600
 
+# Where each stage writes where its time went (timing/<stage>.json, flows._stage.write_stage_timing;
+# not a DVC output); `make repro` prints the stages it ran from there.
+TIMING_DIR = REPO / "timing"
+
 
 def processed(task: str) -> Path:
     """data/processed/<task>: the prepare stage's output (the split tables and the task's files)."""

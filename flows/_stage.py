@@ -23,7 +23,7 @@ from components.precision import resolve_rollout_dtype, resolve_train_dtype
 from components.train.distributed import free_port
 from components.train.rank_watch import RankFailed
 from components.train.torchrun import NodeError
-from flows import REPO
+from flows import REPO, TIMING_DIR
 
 
 class StageError(Exception):
@@ -40,7 +40,6 @@ OOM_HINT = (
 # Where this process's stage spent its time: part -> seconds, filled by :func:`timed` (e.g. the rollout
 # engine's start) and written by stage_main to timing/<stage>.json when the stage succeeds.
 STAGE_PARTS: dict[str, float] = {}
-TIMING_DIR = REPO / "timing"
 
 
 @contextlib.contextmanager

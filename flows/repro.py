@@ -20,6 +20,11 @@ next run too: before it starts, a warning names every key whose value differs fr
 params.yaml and that neither the profile nor a ``-S`` sets (``git checkout params.yaml`` restores them).
 ``-h`` / ``--help`` (before ``--``) prints this text and starts nothing.
 
+When the command ends, a short table says where the time went: each stage this run ran (its
+``timing/<stage>.json``, written when a stage succeeds; stages DVC found up to date are not in it),
+its wall time, the share that was the process start (imports) and its largest timed parts, then
+the stages' sum against the run's own wall time (the rest: DVC, the Prefect server, hand-offs).
+
 The command runs with this interpreter's directory first on PATH, so that the venv's ``dvc`` and,
 in the stages DVC starts, its ``python`` are found when the venv is not activated
 (``.venv/bin/python -m flows.repro``).
@@ -35,10 +40,11 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows import PREFECT_STARTUP_TIMEOUT_S, REPO
+from flows import PREFECT_STARTUP_TIMEOUT_S, REPO, TIMING_DIR
 from flows.serve import get_json
 
 
@@ -201,6 +207,62 @@ def warn_params_drift(command: list[str], params: Path) -> None:
         )
 
 
+def stages_since(timing: Path, since: datetime) -> list[dict[str, Any]]:
+    """The timing/<stage>.json records of stages that finished at or after ``since`` (UTC), in the order
+    they finished; files that are not such a record are skipped."""
+    records = []
+    for f in timing.glob("*.json"):
+        try:
+            r = json.loads(f.read_text())
+            finished = datetime.fromisoformat(r["finished"])
+            float(r["total"]), float(r["process_start"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if finished >= since.replace(microsecond=0):
+            records.append({**r, "_finished": finished})
+    return sorted(records, key=lambda r: r["_finished"])
+
+
+def time_table(records: list[dict[str, Any]], wall_s: float, top_parts: int = 2) -> str:
+    """Where a run's time went: one line per stage (wall s, process start s, its largest parts), the
+    stages' sum and the run's wall time. Empty when no stage ran."""
+    if not records:
+        return ""
+    width = max(len("stages (sum)"), *(len(r["stage"]) for r in records))
+    lines = [f"{'stage':<{width}}  {'wall s':>7}  {'start s':>7}  largest parts (s)"]
+    for r in records:
+        parts = sorted(r.get("parts", {}).items(), key=lambda kv: -kv[1])[:top_parts]
+        shown = ", ".join(f"{k} {v:.0f}" for k, v in parts) or "-"
+        lines.append(f"{r['stage']:<{width}}  {r['total']:>7.1f}  {r['process_start']:>7.1f}  {shown}")
+    total = sum(r["total"] for r in records)
+    start = sum(r["process_start"] for r in records)
+    lines.append(f"{'stages (sum)':<{width}}  {total:>7.1f}  {start:>7.1f}")
+    lines.append(
+        f"{'this run':<{width}}  {wall_s:>7.1f}           "
+        f"(DVC, the Prefect server and hand-offs: {max(wall_s - total, 0.0):.0f} s)"
+    )
+    return "\n".join(lines)
+
+
+def print_time_table(since: datetime, t0: float, timing: Path | None = None) -> None:
+    """Print :func:`time_table` of the stages that finished since ``since`` (nothing when none did);
+    ``timing``: default :data:`TIMING_DIR`."""
+    timing = TIMING_DIR if timing is None else timing
+    table = time_table(stages_since(timing, since), time.monotonic() - t0)
+    if table:
+        print(f"\nrepro: where the time went ({timing.name}/<stage>.json of the stages this run ran)")
+        print(table, flush=True)
+
+
+def run_command(command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` in the repo, then print where its stages' time went; its exit code."""
+    since, t0 = datetime.now(UTC), time.monotonic()
+    try:
+        return subprocess.call(command, cwd=REPO, env=env)
+    finally:
+        print_time_table(since, t0)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv[: argv.index("--")] if "--" in argv else argv):
@@ -231,14 +293,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 127
     if os.environ.get("PREFECT_API_URL"):
-        return subprocess.call(command, cwd=REPO, env=env)
+        return run_command(command, env)
     port = free_port()
     t0 = time.monotonic()
     server = start_server(port, REPO / ".prefect" / "repro-server.log")
     print(f"repro: Prefect server on 127.0.0.1:{port} ({time.monotonic() - t0:.0f} s to start)", flush=True)
     try:
         env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
-        return subprocess.call(command, cwd=REPO, env=env)
+        return run_command(command, env)
     except KeyboardInterrupt:
         return 130
     finally:
