@@ -245,7 +245,7 @@ def test_one_sandboxs_threads_do_not_starve_anothers(sandbox):
         )
         held = sandbox.submit(hog)
         time.sleep(0.7)
-        three = "import threading\nts = [threading.Thread(target=print, args=(i,)) for i in range(3)]\n[t.start() for t in ts]"
+        three = "import threading, time\nts = [threading.Thread(target=time.sleep, args=(0.3,)) for _ in range(3)]\n[t.start() for t in ts]"
         r = _result(other, three)
         assert held.result(timeout=30).status == "ok"
         assert r.status == "ok", r
