@@ -9,8 +9,11 @@ This works for any HF chat template whose rendering of a prefix is a prefix of t
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+_log = logging.getLogger(__name__)
+_warned: set[str] = set()  # departures already logged in this process (SFT builds a renderer per row)
 _ANCHOR = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 
 
@@ -20,6 +23,7 @@ class ChatRenderer:
         self.tools = tools or None
         self.stop_token = stop_token
         self.stop_id = tokenizer.convert_tokens_to_ids(stop_token)
+        self.departure: str | None = None  # where the template re-renders the past (docstring, 2)
 
     def _text(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -37,12 +41,39 @@ class ChatRenderer:
         """Token ids to append after a response that ended with the stop token."""
         base = self._text(_ANCHOR, False)
         full = self._text(_ANCHOR + list(messages), True)
-        if not full.startswith(base):
-            raise ValueError("chat template does not render a conversation prefix as a prefix")
-        end = base.rfind(self.stop_token)
-        if end < 0:
+        n = base.count(self.stop_token)
+        if n == 0:
             raise ValueError(f"chat template never emits the stop token {self.stop_token!r}")
-        return self._ids(base[end + len(self.stop_token) :] + full[len(base) :])
+        cut = -len(self.stop_token)
+        for _ in range(n):
+            cut = full.find(self.stop_token, cut + len(self.stop_token))
+            if cut < 0:
+                raise ValueError(
+                    f"chat template writes fewer stop tokens {self.stop_token!r} once more messages follow "
+                    "(it renders a conversation prefix without its end of turn)"
+                )
+        cut += len(self.stop_token)
+        if messages and not full[cut:]:
+            raise ValueError(
+                "chat template renders nothing after the stop token for the new messages (it ends a "
+                "conversation, not each turn, with the stop token)"
+            )
+        if not full.startswith(base):
+            self._depart(base, full, cut)
+        return self._ids(full[cut:])
+
+    def _depart(self, base: str, full: str, cut: int) -> None:
+        if self.departure is not None:
+            return
+        at = next((i for i, (a, b) in enumerate(zip(base, full)) if a != b), min(len(base), len(full)))
+        self.departure = (
+            f"the chat template renders earlier turns differently once more messages follow "
+            f"(alone: {base[max(0, at - 20) : at + 40]!r}; followed: {full[max(0, at - 20) : min(at + 40, cut)]!r}); "
+            "the agent loop keeps the tokens it has and appends what follows the stop token"
+        )
+        if self.departure not in _warned:
+            _warned.add(self.departure)
+            _log.warning("%s", self.departure)
 
     def decode(self, ids: list[int]) -> str:
         """The action text of a response (stop token removed), for the environment to parse."""

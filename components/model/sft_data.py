@@ -9,6 +9,10 @@ headers are masked; the assistant's content or tool-call markup and its closing 
 are labelled. This needs no ``{% generation %}`` tags, so it works with any HF chat template whose
 rendering of ``messages[:k]`` plus the generation prompt is a prefix of the full rendering (Qwen2.5,
 Llama 3, ours...); a template for which that is false raises ``ValueError`` naming the message.
+A template that renders an assistant turn differently once later messages follow (Qwen3: the last
+turn gets an empty ``<think>`` block, earlier ones lose theirs) gets the example the agent loop would
+build instead: the first observation, then each response as written after the generation prompt and
+the observation after it (``ChatRenderer``, whose docstring names this departure), responses labelled.
 
 Span of assistant message k: ``P = render(messages[:k], add_generation_prompt=True)``,
 ``Q = render(messages[:k+1])``; the span is ``Q[len(P):]`` with the trailing whitespace the template
@@ -75,14 +79,16 @@ def _trained(message: dict) -> bool:
     return message.get("weight", 1) == 1
 
 
-def assistant_char_spans(
-    tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None = None
-) -> tuple[str, list[tuple[int, int]]]:
-    """The full rendering and the ``[start, end)`` character span of each assistant message in it."""
-    msgs = _check_messages(messages)
-    tools = tools or None
-    full = _render(tokenizer, msgs, tools, False)
-    spans: list[tuple[int, int]] = []
+class _NotInPlace(ValueError):
+    """The template renders an assistant turn differently inside the whole conversation."""
+
+
+def _turn_spans(
+    tokenizer: Any, msgs: list[dict], tools: list[dict] | None
+) -> list[tuple[int, str, int, int]]:
+    """For each assistant message k: ``(k, upto, start, end)``, ``upto`` the rendering of messages[:k+1]
+    and ``upto[start:end]`` the message as the template writes it after the generation prompt."""
+    out = []
     for k, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
@@ -98,15 +104,63 @@ def assistant_char_spans(
         end = len(upto.rstrip())
         if end <= len(prefix):
             raise ValueError(f"assistant messages[{k}] renders as nothing after the generation prompt")
+        out.append((k, upto, len(prefix), end))
+    if not out:
+        raise ValueError("conversation has no assistant message: nothing to learn")
+    return out
+
+
+def assistant_char_spans(
+    tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The full rendering and the ``[start, end)`` character span of each assistant message in it."""
+    msgs = _check_messages(messages)
+    tools = tools or None
+    full = _render(tokenizer, msgs, tools, False)
+    spans: list[tuple[int, int]] = []
+    for k, upto, start, end in _turn_spans(tokenizer, msgs, tools):
         if full[:end] != upto[:end]:
-            raise ValueError(
+            raise _NotInPlace(
                 f"chat template renders assistant messages[{k}] differently inside the whole "
                 "conversation than at the end of its prefix; its spans cannot be found by prefix rendering"
             )
-        spans.append((len(prefix), end))
-    if not spans:
-        raise ValueError("conversation has no assistant message: nothing to learn")
+        spans.append((start, end))
     return full, spans
+
+
+def _responses(tokenizer: Any, msgs: list[dict], tools: list[dict] | None, stop: str) -> list[list[int]]:
+    """Each assistant message's ids as the agent loop samples them: the template's writing of it after
+    the generation prompt, ending with the stop token (raises naming the message where it does not)."""
+    out = []
+    for k, upto, start, end in _turn_spans(tokenizer, msgs, tools):
+        if not upto[start:end].endswith(stop):
+            raise ValueError(
+                f"assistant messages[{k}] renders as {upto[start:end][-40:]!r}, which does not end with "
+                f"the stop token {stop!r}"
+            )
+        out.append(tokenizer.encode(upto[start:end], add_special_tokens=False))
+    return out
+
+
+def _loop_example(
+    tokenizer: Any, msgs: list[dict], tools: list[dict] | None, max_len: int
+) -> tuple[list[int], list[int]] | None:
+    """One conversation built as the agent loop builds a context (first observation, then each
+    response + the observation after it; ``ChatRenderer``), every trained response labelled: for a
+    template that renders earlier turns differently once more follow (Qwen3's think blocks)."""
+    renderer = ChatRenderer(tokenizer, tools, stop_token=tokenizer.eos_token)
+    responses = _responses(tokenizer, msgs, tools, renderer.stop_token)
+    turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+    ids = renderer.prompt(msgs[: turns[0]])
+    labels = [IGNORE_INDEX] * len(ids)
+    for i, (k, response) in enumerate(zip(turns, responses)):
+        ids += response
+        labels += response if _trained(msgs[k]) else [IGNORE_INDEX] * len(response)
+        if i + 1 < len(turns):
+            obs = renderer.observation(msgs[k + 1 : turns[i + 1]])
+            ids += obs
+            labels += [IGNORE_INDEX] * len(obs)
+    return None if len(ids) > max_len else (ids, labels)
 
 
 def encode_conversation(
@@ -122,11 +176,17 @@ def encode_conversation(
         raise ValueError(f"max_len={max_len!r} must be a positive int")
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("encode_conversation needs a fast tokenizer (it uses return_offsets_mapping)")
-    full, spans = assistant_char_spans(tokenizer, messages, tools)  # checks the messages
-    trained = [_trained(m) for m in messages if m["role"] == "assistant"]
-    spans = [span for span, keep in zip(spans, trained) if keep]
-    if not spans:
+    msgs = _check_messages(messages)
+    if not any(_trained(m) for m in msgs if m["role"] == "assistant") and any(
+        m["role"] == "assistant" for m in msgs
+    ):
         raise ValueError("every assistant message has weight 0: nothing to learn")
+    try:
+        full, spans = assistant_char_spans(tokenizer, msgs, tools)  # checks the messages
+    except _NotInPlace:
+        return _loop_example(tokenizer, msgs, tools or None, max_len)
+    trained = [_trained(m) for m in msgs if m["role"] == "assistant"]
+    spans = [span for span, keep in zip(spans, trained) if keep]
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = list(enc["input_ids"])
     if len(ids) > max_len:
@@ -160,18 +220,11 @@ def encode_turns(
         raise ValueError(f"context_window={context_window!r} must be an int >= 1")
     if not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"max_len={max_len!r} must be a positive int")
-    full, spans = assistant_char_spans(tokenizer, messages, tools)  # checks the messages
-    msgs = list(messages)
+    msgs = _check_messages(messages)
+    tools = tools or None
     renderer = ChatRenderer(tokenizer, tools, stop_token=tokenizer.eos_token)
     turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
-    responses = []
-    for k, (start, end) in zip(turns, spans):
-        if not full[start:end].endswith(renderer.stop_token):
-            raise ValueError(
-                f"assistant messages[{k}] renders as {full[start:end][-40:]!r}, which does not end with "
-                f"the stop token {renderer.stop_token!r}"
-            )
-        responses.append(tokenizer.encode(full[start:end], add_special_tokens=False))
+    responses = _responses(tokenizer, msgs, tools, renderer.stop_token)
     first = renderer.prompt(msgs[: turns[0]])
     ends = turns[1:] + [len(msgs)]
     segments = [r + renderer.observation(msgs[k + 1 : e]) for r, k, e in zip(responses, turns, ends)]

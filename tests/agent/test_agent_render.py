@@ -142,8 +142,15 @@ def test_observation_rejects_templates_it_cannot_follow():
     no_prefix = with_template(
         "{{ messages | length }}{% for m in messages %}[{{ m.role }}]{{ m.content }}<|im_end|>{% endfor %}"
     )
-    with pytest.raises(ValueError, match="prefix"):
-        ChatRenderer(no_prefix, None, EOS_TOKEN).observation([tool_msg("1")])
+    # re-rendering the past (here: a message count up front) is followed and named, not refused
+    r = ChatRenderer(no_prefix, None, EOS_TOKEN)
+    assert r.departure is None
+    assert no_prefix.decode(r.observation([tool_msg("1")]), skip_special_tokens=False) == "[tool]1<|im_end|>"
+    assert "renders earlier turns differently" in r.departure and "'2[user]x" in r.departure
+    # a stop token that ends the conversation, not each turn, is refused
+    drops_stop = with_template("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}<|im_end|>")
+    with pytest.raises(ValueError, match="renders nothing after the stop token"):
+        ChatRenderer(drops_stop, None, EOS_TOKEN).observation([tool_msg("1")])
     no_stop = with_template("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
     with pytest.raises(ValueError, match="never emits the stop token"):
         ChatRenderer(no_stop, None, EOS_TOKEN).observation([tool_msg("1")])

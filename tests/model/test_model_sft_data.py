@@ -155,7 +155,15 @@ def test_template_whose_prefixes_are_not_prefixes_raises(tok):
     )
     messages = messages + [{"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]
     with pytest.raises(ValueError, match=r"assistant messages\[1\] differently"):
-        encode_conversation(dropping, messages, None, max_len=64)
+        assistant_char_spans(dropping, messages, None)
+    # ... so the example is built as the agent loop builds its context: the past is kept as sampled
+    ids, labels = encode_conversation(dropping, messages, None, max_len=64)
+    text = dropping.decode(ids, skip_special_tokens=False)
+    assert text == "|user:hi<|im_end|>|assistant:yo<|im_end|>|user:again<|im_end|>|assistant:ok<|im_end|>"
+    learnt = dropping.decode(
+        [t for t, lab in zip(ids, labels) if lab != IGNORE_INDEX], skip_special_tokens=False
+    )
+    assert learnt == "yo<|im_end|>ok<|im_end|>"
 
 
 def test_collate_right_pads():
