@@ -100,6 +100,8 @@ class Server:
     # --- a call's life -----------------------------------------------------------------------------
 
     def start_call(self, req: dict) -> None:
+        if not isinstance(req, dict):
+            return
         rid = req.get("id")
         code = req.get("code")
         if not isinstance(rid, int) or not isinstance(code, str):
