@@ -228,10 +228,42 @@ def _corpus(n: int = 300) -> list[str]:
     return out
 
 
-def family_tokenizer(name: str, vocab_size: int = 600):
+def _rendered(name: str) -> list[str]:
+    """Calculator conversations rendered with family ``name``'s template, so the BPE learns the merges of
+    its tool listing and headers (as base_model trains the embedded tokenizer on rendered conversations)."""
+    from components.envs import get_task
+
+    calc = get_task("calc")
+    fam = FAMILIES[name]
+    bootstrap = build_tokenizer([], vocab_size=300, tool_parser=fam.tool_parser)  # bytes: renders only
+    bootstrap.add_special_tokens({"additional_special_tokens": list(fam.special)})
+    bootstrap.eos_token, bootstrap.chat_template = fam.eos, fam.template
+    if fam.bos is not None:
+        bootstrap.bos_token = fam.bos
+    rng = random.Random(1)
+    out = []
+    for _ in range(40):
+        a, b = rng.randint(2, 999), rng.randint(2, 99)
+        call = {
+            "type": "function",
+            "function": {"name": "calculator", "arguments": {"expression": f"{a} * {b}"}},
+        }
+        messages = [
+            {"role": "system", "content": "Solve the problem. Use the calculator tool."},
+            {"role": "user", "content": f"What is {a} * {b}?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "calculator", "content": str(a * b)},
+            {"role": "assistant", "content": f"<answer>{a * b}</answer>"},
+        ]
+        out.append(bootstrap.apply_chat_template(messages, tools=calc.tools(), tokenize=False))
+    return out
+
+
+def family_tokenizer(name: str, vocab_size: int = 1024):
     """The embedded BPE trainer's tokenizer with family ``name``'s special tokens, EOS and chat template."""
     fam = FAMILIES[name]
-    tok = build_tokenizer(_corpus(), vocab_size=vocab_size, tool_parser=fam.tool_parser)
+    corpus = _corpus() + _rendered(name)
+    tok = build_tokenizer(corpus, vocab_size=vocab_size, tool_parser=fam.tool_parser)
     tok.add_special_tokens({"additional_special_tokens": list(fam.special)})
     tok.eos_token = fam.eos
     if fam.bos is not None:
