@@ -16,8 +16,10 @@ the tokens a multi-turn batch forwards by about the number of turns.
 Shared prompts (``share_prefix=True``): the samples of one prompt (a GRPO group) start with the same
 prompt tokens, and every prompt of a task with the same system prompt and tool schema. The distinct
 sequences are cut into groups that share a prefix (``shared_prefix_groups``: the split that
-forwards the fewest tokens); each group's prefix is forwarded once, its key/value cache is handed to
-every member, and only the members' own tokens are forwarded on top of it. Gradients of the shared
+forwards the fewest tokens); each group's prefix is forwarded once and only the members' own tokens
+after it. The log-prob and value passes lay prefixes and sequences end to end in a few rows with a
+mask that keeps them apart (``components.train.packing``: no padding); SFT hands the prefix's
+key/value cache to every member (``shared_prefix_hidden``). Gradients of the shared
 prefix add up over the members, so log-probs and gradients are those of separate forwards up to
 float rounding; a GRPO update of 8 samples of a ~100-token prompt with 64-token answers forwards
 about half the tokens.
