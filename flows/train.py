@@ -646,11 +646,6 @@ def main(params: str, algo: str, rl_seed: int) -> None:
         raise StageError(f"--algo {algo!r} is not a key of algorithms (known: {sorted(p.algorithms)})")
     if rl_seed < 0:
         raise StageError(f"--rl-seed {rl_seed}: an RL seed must be >= 0 (compare.seeds: {p.compare.seeds})")
-    if p.deepspeed.world_size > 1 and p.deepspeed.zero_stage == 3:
-        raise StageError(
-            f"train: deepspeed.world_size={p.deepspeed.world_size} with deepspeed.zero_stage=3: rank 0 alone "
-            "rolls out and scores with the actor, which needs whole weights on it (zero_stage 0-2)"
-        )
     if not is_complete_checkpoint(SFT):
         raise StageError(f"train: {SFT} is not a complete checkpoint (run the sft stage first)")
     train_rows = pl.scan_parquet(processed(p.task) / "train.parquet").select(pl.len()).collect().item()

@@ -31,7 +31,6 @@ module's weights in the engine dtype (bf16 engines save bf16 weights; the fp32 m
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -50,6 +49,7 @@ from components.marker import (
     seal,
 )
 from components.train.distributed import dp_rank_world
+from components.train.zero3 import gathered
 
 __all__ = [
     "DS_SUBDIR",
@@ -80,15 +80,6 @@ def _broadcast_str(value: str) -> str:
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _gathered(engine: Any) -> contextlib.AbstractContextManager:
-    """Context in which ``engine.module`` holds full weights (ZeRO-3 gathers them on every rank)."""
-    if engine.zero_optimization_stage() == 3:
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
-    return contextlib.nullcontext()
 
 
 def save_checkpoint(
@@ -132,7 +123,7 @@ def save_checkpoint(
         if rank == 0:
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
-        with _gathered(engine):
+        with gathered(engine):
             if rank == 0:
                 module.save_pretrained(tmp)
                 if tokenizer is not None:

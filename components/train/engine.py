@@ -16,9 +16,11 @@ What it does:
   (weights, optimizer state and learning-rate schedule unchanged) and is reported as ``skipped: 1``.
   Data parallel: every rank passes the WHOLE optimizer batch; rank r of W trains micro-batches
   r, r + W, ... (a rank left without one forwards the first at weight 0, so it still meets the others
-  in the gradient all-reduce), its backward is scaled by W because DeepSpeed averages gradients over
-  ranks (so the update is the sum over the batch, as with one process), and the loss and metrics are
-  summed over ranks: the same update and the same numbers for any world size.
+  in the gradient all-reduce; under ZeRO-3, where each forward gathers the layers' shards from every
+  rank, a rank with fewer forwards as many at weight 0), its backward is scaled by W because
+  DeepSpeed averages gradients over ranks (so the update is the sum over the batch, as with one
+  process), and the loss and metrics are summed over ranks: the same update and the same numbers for
+  any world size.
 
 What it does not do: compute losses, split batches or save checkpoints (``sft``, ``checkpoint``).
 
@@ -37,7 +39,11 @@ Departures from DeepSpeed defaults:
 4. ``amp_bf16`` is not a DeepSpeed mode: the engine is fp32 (weights, gradients, optimizer) and
    ``train_step`` runs each ``loss_fn`` under bf16 autocast (``components.precision``); the backward
    pass runs outside the autocast region, as torch recommends. ``engine.steprl_dtype`` records it.
-5. bf16 with ZeRO >= 1 accumulates gradients in fp32 (``data_types.grad_accum_dtype``); DeepSpeed cannot
+5. ZeRO-3 accumulates a micro-batch's gradients into the step's (instead of overwriting them) only
+   once its micro-batch counter moved, which ``engine.forward`` does; the loss functions call
+   ``engine.module``, so ``train_step`` makes that call (``optimizer.clear_backward_seen_flag``) before
+   each micro-batch itself. Without it an update of several micro-batches kept the last one's.
+6. bf16 with ZeRO >= 1 accumulates gradients in fp32 (``data_types.grad_accum_dtype``); DeepSpeed cannot
    do that with ZeRO-0, where bf16 gradients accumulate in bf16: prefer ZeRO >= 1 for bf16.
 """
 
@@ -283,12 +289,19 @@ def train_step(engine: Any, micro_batches: Sequence[Any], loss_fn: LossFn) -> di
     lr = float(engine.get_lr()[0])
     rank, world = dp_rank_world()
     mine = [(mb, 1.0) for mb in micro_batches[rank::world]] or [(micro_batches[0], 0.0)]
+    if world > 1 and engine.zero_optimization_stage() == 3:
+        # every forward gathers each layer's shards from all ranks: every rank makes as many forwards
+        # (a rank with one micro-batch fewer forwards the first again, at weight 0)
+        mine += [(micro_batches[0], 0.0)] * (-(-len(micro_batches) // world) - len(mine))
     loss_sum = 0.0
     nonfinite_loss = False
     summed: dict[str, float] = {}
     n = len(mine)
+    zero3 = engine.zero_optimization_stage() == 3
     for i, (micro_batch, weight) in enumerate(mine):
         engine.set_gradient_accumulation_boundary(i == n - 1)
+        if zero3:  # what engine.forward does first: ZeRO-3 counts micro-batches there, to accumulate
+            engine.optimizer.clear_backward_seen_flag()
         with autocast_for(engine):
             loss, metrics = loss_fn(engine, micro_batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:

@@ -169,17 +169,6 @@ def merged_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
 
 def merged_model(peft_model: Any, *, dtype: torch.dtype | None = None) -> Any:
     """A plain transformers model (no peft) of the base's class holding :func:`merged_state_dict`."""
-    base = peft_model.get_base_model()
-    state = merged_state_dict(peft_model)
-    with torch.device("meta"):
-        model = type(base)(base.config)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    buffers = dict(base.named_buffers())  # non-persistent ones (rotary inv_freq) are not in the state
-    for name, buf in list(model.named_buffers()):
-        if buf.is_meta:
-            owner, _, attr = name.rpartition(".")
-            model.get_submodule(owner)._buffers[attr] = buffers[name].detach().clone()
-    if dtype is not None:
-        model = model.to(dtype)
-    return model.eval()
+    from components.train.zero3 import model_with_state
+
+    return model_with_state(peft_model.get_base_model(), merged_state_dict(peft_model), dtype=dtype)

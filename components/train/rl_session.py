@@ -41,6 +41,7 @@ from components.train.rl_update import (
     critic_update,
     trajectory_chunks,
 )
+from components.train.zero3 import full_state_dict, model_with_state
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class SessionConfig:
     critic_lr_warmup_steps: int = 0
     # LoRA adapters on the actor and the critic (model.lora); None: every weight trains.
     lora: LoraSettings | None = None
+    # The old-log-prob and value forwards packed end to end (train.packed_forward).
+    packed_forward: bool = False
 
 
 def _value_head_name(critic: torch.nn.Module) -> str:
@@ -203,6 +206,7 @@ class RLSession:
                 [r["response_ids"] for r in chunk],
                 self.pad_id,
                 share_prefix=True,
+                packed=self.cfg.packed_forward,
             )
             old = (
                 None
@@ -275,22 +279,41 @@ class RLSession:
             metrics.update({f"actor/{k}": v for k, v in m.items()})
         return metrics
 
-    def actor_weights(self) -> dict[str, torch.Tensor]:
+    @property
+    def zero3(self) -> bool:
+        """ZeRO-3: the engines' parameters are sharded across the ranks, so reading whole weights
+        (:meth:`actor_weights`, :meth:`sync`, :meth:`final_model`) and every forward
+        (:meth:`annotate`) is a collective that each rank makes (components.train.rank_mirror)."""
+        return self.cfg.zero_stage == 3
+
+    def actor_weights(self) -> dict[str, torch.Tensor] | None:
         """The actor's full state dict under the base model's names (merged with LoRA): what the
-        rollout engine loads (all of it: ``named_parameters`` would omit a tied ``lm_head``)."""
+        rollout engine loads (all of it: ``named_parameters`` would omit a tied ``lm_head``). Under
+        ZeRO-3 every rank must call it (a gather): rank 0 gets CPU copies, the others None."""
+        if self.zero3:
+            return full_state_dict(self.actor, self.actor_lora)
         if self.actor_lora is not None:
             return merged_state_dict(self.actor_lora)
         return self.actor.module.state_dict()
 
-    def final_model(self) -> torch.nn.Module:
+    def final_model(self) -> torch.nn.Module | None:
         """The actor as a plain transformers model (LoRA merged into its weights: no peft to load it).
         With LoRA it shares the tensors of unadapted layers with the trained model: save it before
-        the next update."""
+        the next update. Under ZeRO-3 every rank must call it: rank 0 gets a gathered CPU copy, the
+        others None."""
+        if self.zero3:
+            state = self.actor_weights()
+            return None if state is None else model_with_state(self.actor.module, state)
         return self.actor.module if self.actor_lora is None else merged_model(self.actor_lora)
 
     def sync(self) -> None:
+        """Push the actor's weights into the rollout engine (under ZeRO-3 each rank joins the gather,
+        with a rollout engine or not)."""
+        if self.rollout_engine is None and not self.zero3:
+            return
+        weights = self.actor_weights()
         if self.rollout_engine is not None:
-            self.rollout_engine.sync_weights(self.actor_weights())
+            self.rollout_engine.sync_weights(weights)
 
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, out_dir: str | Path, metadata: dict[str, Any]) -> str:
