@@ -182,10 +182,13 @@ def make_token_batch(
     pack: bool = True,
     share_prefix: bool = False,
     min_prefix: int = 8,
+    packed: bool = False,
 ) -> TokenBatch:
     """The rows' tensors. ``pack``: a row whose prompt + response is a prefix of another row's is read
     from that one. ``share_prefix``: the distinct sequences are forwarded on shared prefixes (see the
-    module docstring) when that forwards fewer tokens."""
+    module docstring) when that forwards fewer tokens. ``packed``: the forward lays the distinct
+    sequences end to end in rows (``packed_rows``: no padding) instead of (S, T) padded rows with a
+    prefix cache; the same log-probs up to the summation order of the matmuls."""
     if len(prompt_ids) != len(response_ids) or not prompt_ids:
         raise ValueError(f"need as many prompts as responses, got {len(prompt_ids)} and {len(response_ids)}")
     for i, p in enumerate(prompt_ids):
@@ -220,7 +223,8 @@ def make_token_batch(
     batch = TokenBatch(
         input_ids, attention_mask, torch.tensor(where, dtype=torch.long), resp, mask, pos, value_pos, prefix
     )
-    batch.packed = packed_rows(batch)  # from the ids on the CPU: a device tensor would need a sync
+    if packed:
+        batch.packed = packed_rows(batch)  # from the ids on the CPU: a device tensor would need a sync
     return batch
 
 
@@ -270,10 +274,21 @@ def _attention_mask(decoder: torch.nn.Module, mask: Tensor) -> Tensor:
 
 def _hidden_at(decoder: torch.nn.Module, batch: TokenBatch, positions: Tensor) -> Tensor:
     """Final hidden states of the backbone ``decoder`` for each row at ``positions`` (B, K) -> (B, K, H),
-    without materialising (S, T, V) logits. The distinct sequences (on shared prefixes when the batch
-    has them) are forwarded packed end to end (``packed_rows``): about the real tokens, no padding."""
+    without materialising (S, T, V) logits. With ``batch.packed`` the distinct sequences (on shared
+    prefixes when the batch has them) are forwarded packed end to end (about the real tokens, no
+    padding); else as (S, T) padded rows, on shared prefixes when the batch has them."""
     seq = batch.row_seq.unsqueeze(-1).expand_as(positions)  # (B, K) the sequence of each position
-    packed = batch.packed if batch.packed is not None else packed_rows(batch)
+    if batch.packed is None:
+        if batch.prefix is None:
+            out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            return out.last_hidden_state[seq, positions]  # from (S, T, H)
+        sp = batch.prefix
+        pre, suf = shared_prefix_hidden(decoder, sp)
+        start = sp.length[seq]
+        h_pre = pre[sp.group[seq], positions.clamp(max=pre.size(1) - 1)]
+        h_suf = suf[seq, (positions - start).clamp(min=0, max=suf.size(1) - 1)]
+        return torch.where((positions < start).unsqueeze(-1), h_pre, h_suf)
+    packed = batch.packed
     out = decoder(
         input_ids=packed.ids,
         attention_mask=_attention_mask(decoder, packed.mask),

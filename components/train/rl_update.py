@@ -49,6 +49,7 @@ class ActorSettings:
     epochs: int
     mini_batch_size: int
     micro_batch_size: int
+    packed: bool = False  # forwards packed end to end (make_token_batch), train.packed_forward
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class CriticSettings:
     epochs: int
     mini_batch_size: int
     micro_batch_size: int
+    packed: bool = False  # forwards packed end to end (make_token_batch), train.packed_forward
 
 
 @dataclass
@@ -78,12 +80,17 @@ def step_tensors(
     per_step_values: bool,
     share_prefix: bool = False,
     traj_ids: list[str] | None = None,
+    packed: bool = False,
 ) -> StepTensors:
     """Tensors of ``rows`` (dicts with prompt_ids, response_ids, advantages, old_logprobs, returns,
     and optionally ref_logprobs, values), and ``traj_ids`` as given. ``share_prefix``: the actor
     forwards each shared prompt once (``make_token_batch``), and so does the critic."""
     batch = make_token_batch(
-        [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_id, share_prefix=share_prefix
+        [r["prompt_ids"] for r in rows],
+        [r["response_ids"] for r in rows],
+        pad_id,
+        share_prefix=share_prefix,
+        packed=packed,
     )
     L = batch.response_ids.size(1)
     has_ref = rows[0].get("ref_logprobs") is not None
@@ -200,6 +207,7 @@ def actor_update(
                 per_step_values=False,
                 share_prefix=True,
                 traj_ids=[_traj_id(rows, i) for i in idx],
+                packed=a.packed,
             )
             for idx in plan
         ]
@@ -269,7 +277,9 @@ def critic_update(
     history = []
     for plan in _mini_batches(rows, c.mini_batch_size, c.micro_batch_size, c.epochs, seed + 1):
         micro = [
-            step_tensors([rows[i] for i in idx], pad_id, per_step_values=per_step, share_prefix=True)
+            step_tensors(
+                [rows[i] for i in idx], pad_id, per_step_values=per_step, share_prefix=True, packed=c.packed
+            )
             for idx in plan
         ]
         if per_step:

@@ -224,7 +224,7 @@ def step_rows() -> list[dict]:
 def test_to_device_moves_every_tensor_of_a_token_batch_and_keeps_the_rest():
     rows = step_rows()
     batch = make_token_batch(
-        [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], 0, share_prefix=True
+        [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], 0, share_prefix=True, packed=True
     )
     assert batch.prefix is not None
     moved = to_device({"batch": batch, "n": 3, "none": None, "pair": (torch.ones(2), "x")}, "meta")

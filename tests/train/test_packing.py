@@ -50,7 +50,7 @@ def test_packed_forward_equals_one_plain_forward_per_sequence(share_prefix):
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
 
     model.zero_grad(set_to_none=True)
-    batch = make_token_batch(prompts, responses, 0, share_prefix=share_prefix)
+    batch = make_token_batch(prompts, responses, 0, share_prefix=share_prefix, packed=True)
     logp, ent = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
     (logp.sum() + 0.1 * ent.sum()).backward()
     for i, r in enumerate(responses):
@@ -65,7 +65,7 @@ def test_the_model_runs_on_the_real_tokens_not_the_padding():
     runs on the tokens the batch forwards (prefixes once, then each sequence's own tokens)."""
     model = tiny_model()
     prompts, responses = _rows()
-    batch = make_token_batch(prompts, responses, 0, share_prefix=True)
+    batch = make_token_batch(prompts, responses, 0, share_prefix=True, packed=True)
     seen = []
     hook = model.get_input_embeddings().register_forward_hook(
         lambda m, args, out: seen.append(args[0].numel())
