@@ -47,6 +47,7 @@ def actor_settings(params: Params, algo: str) -> ActorSettings:
         epochs=t.ppo_epochs,
         mini_batch_size=t.mini_batch_size,
         micro_batch_size=t.micro_batch_size,
+        packed=t.packed_forward,
     )
 
 
@@ -57,6 +58,7 @@ def critic_settings(params: Params) -> CriticSettings:
         epochs=t.ppo_epochs,
         mini_batch_size=t.critic_mini_batch_size or t.mini_batch_size,
         micro_batch_size=t.micro_batch_size,
+        packed=t.packed_forward,
     )
 
 
@@ -113,4 +115,5 @@ def session_config(
         if t.critic_lr_warmup_steps is None
         else t.critic_lr_warmup_steps,
         lora=lora_settings(params),
+        packed_forward=t.packed_forward,
     )

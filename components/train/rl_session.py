@@ -73,6 +73,8 @@ class SessionConfig:
     critic_lr_warmup_steps: int = 0
     # LoRA adapters on the actor and the critic (model.lora); None: every weight trains.
     lora: LoraSettings | None = None
+    # The old-log-prob and value forwards packed end to end (train.packed_forward).
+    packed_forward: bool = False
 
 
 def _value_head_name(critic: torch.nn.Module) -> str:
@@ -204,6 +206,7 @@ class RLSession:
                 [r["response_ids"] for r in chunk],
                 self.pad_id,
                 share_prefix=True,
+                packed=self.cfg.packed_forward,
             )
             old = (
                 None
