@@ -169,6 +169,6 @@ def merged_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
 
 def merged_model(peft_model: Any, *, dtype: torch.dtype | None = None) -> Any:
     """A plain transformers model (no peft) of the base's class holding :func:`merged_state_dict`."""
-    from components.train.zero3 import model_with_state
+    from components.train.model_state import model_with_state
 
     return model_with_state(peft_model.get_base_model(), merged_state_dict(peft_model), dtype=dtype)

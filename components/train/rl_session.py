@@ -32,6 +32,7 @@ from components.train.checkpoint import load_engine_state, save_checkpoint
 from components.train.critic import build_critic, load_critic
 from components.train.engine import autocast_for, build_engine
 from components.train.lora import LoraSettings, add_lora, merged_model, merged_state_dict
+from components.train.model_state import model_with_state
 from components.train.optimizer_state import ADAM_MOMENTS, carry_adam_moments
 from components.train.policy import critic_values, make_token_batch, response_logprobs
 from components.train.rl_update import (
@@ -41,7 +42,7 @@ from components.train.rl_update import (
     critic_update,
     trajectory_chunks,
 )
-from components.train.zero3 import full_state_dict, model_with_state
+from components.train.zero3 import full_state_dict
 
 log = logging.getLogger(__name__)
 

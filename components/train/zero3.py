@@ -11,7 +11,6 @@ of the world joins. With ZeRO 0-2 these functions read the module as it is and t
   ranks. Without LoRA it is DeepSpeed's own ``_zero3_consolidated_16bit_state_dict``, which gathers
   one module at a time (the peak is one layer, not the model) and keeps tied weights tied; with LoRA
   the whole model is gathered at once and the adapters merged (components.train.lora.merged_state_dict).
-- :func:`model_with_state`: a plain transformers model of a module's class holding a state dict.
 
 What it does not do: gather optimizer state (DeepSpeed's ``save_checkpoint`` writes each rank's
 shard itself), or stream weights to the rollout engine layer by layer (rank 0 holds the whole state
@@ -27,7 +26,7 @@ import torch
 
 from components.train.distributed import dp_rank_world
 
-__all__ = ["full_state_dict", "gathered", "is_zero3", "model_with_state"]
+__all__ = ["full_state_dict", "gathered", "is_zero3"]
 
 
 def is_zero3(engine: Any) -> bool:
@@ -62,20 +61,3 @@ def full_state_dict(engine: Any, peft_model: Any | None = None) -> dict[str, tor
         return {k: v.detach().to("cpu", copy=True) for k, v in merged_state_dict(peft_model).items()}
 
 
-def model_with_state(
-    base: torch.nn.Module, state: dict[str, torch.Tensor], *, dtype: torch.dtype | None = None
-) -> Any:
-    """A model of ``base``'s class and config holding ``state`` (its tensors, not copies), with
-    ``base``'s non-persistent buffers (rotary ``inv_freq``: ZeRO-3 does not partition buffers)."""
-    with torch.device("meta"):
-        model = type(base)(base.config)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    buffers = dict(base.named_buffers())  # non-persistent ones (rotary inv_freq) are not in the state
-    for name, buf in list(model.named_buffers()):
-        if buf.is_meta:
-            owner, _, attr = name.rpartition(".")
-            model.get_submodule(owner)._buffers[attr] = buffers[name].detach().clone()
-    if dtype is not None:
-        model = model.to(dtype)
-    return model.eval()
