@@ -59,5 +59,3 @@ def full_state_dict(engine: Any, peft_model: Any | None = None) -> dict[str, tor
         if rank != 0:
             return None
         return {k: v.detach().to("cpu", copy=True) for k, v in merged_state_dict(peft_model).items()}
-
-

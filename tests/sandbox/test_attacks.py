@@ -240,7 +240,7 @@ def test_one_sandboxs_threads_do_not_starve_anothers(sandbox):
     with Sandbox(LIMITS, workers=sandbox.workers) as other:
         hog = (
             "import threading, time\n"
-            f"ts = [threading.Thread(target=time.sleep, args=(2,)) for _ in range(4)]\n"
+            "ts = [threading.Thread(target=time.sleep, args=(2,)) for _ in range(4)]\n"
             "[t.start() for t in ts]\nprint('holding', flush=True)\n[t.join() for t in ts]"
         )
         held = sandbox.submit(hog)
