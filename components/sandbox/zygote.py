@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import gc
 import json
+import logging
 import os
 import selectors
 import signal
@@ -34,6 +35,7 @@ import traceback
 
 from components.sandbox import confine
 
+log = logging.getLogger("components.sandbox.zygote")  # the server's handler, inherited
 _READY = b"R"
 _KILL_UID_S = 5.0  # seconds to kill what a call without seccomp left, then its slot is retired
 
@@ -135,11 +137,11 @@ class Zygote:
                         self.stop()
                         return
                 except Exception:  # never down because of one child: say it and go on
-                    traceback.print_exc()
+                    log.exception("handling a message failed")
             try:
                 self.reap()
             except Exception:
-                traceback.print_exc()
+                log.exception("reaping failed")
 
     def handle(self) -> bool:
         """One message of the server; False when the server is gone."""
@@ -200,7 +202,7 @@ def run(cfg: dict, sock: socket.socket, rulesets: dict[int, int], seccomp: bytes
         confine.die_with_parent(cfg["server_pid"])
         Zygote(cfg, sock, rulesets, seccomp).serve()
     except BaseException:
-        traceback.print_exc()
+        log.exception("the zygote failed")
     os._exit(0)
 
 
@@ -265,7 +267,7 @@ def _run_code(code: str, budget: int) -> int:
         else:  # as the interpreter does: the message on stderr, status 1
             status = 1
             with contextlib.suppress(BaseException):
-                print(err.code, file=sys.stderr)
+                sys.stderr.write(f"{err.code}\n")
     except BaseException:
         status = 1
         try:
