@@ -12,12 +12,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import LIMITS, sandbox_processes
+from sandbox_helpers import LIMITS, run_beside, sandbox_processes
 
 from components.sandbox import Sandbox, SandboxLimits
 from components.sandbox.scratch import empty_dir
@@ -375,16 +374,6 @@ def test_calls_beside_an_attack_are_unharmed(sandbox):
     """Innocent calls run beside each class above: each answers once, with its own output."""
     attacks = [TIMER_SIGNAL.replace("SIGNO", "40"), LIBC + "libc.shmget(0, 1 << 20, 0o1666)",
                "import os\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')"]  # fmt: skip
-    results: dict[int, object] = {}
-
-    def call(i: int, code: str) -> None:
-        results[i] = _result(sandbox, code)
-
-    threads = [threading.Thread(target=call, args=(i, c)) for i, c in enumerate(attacks)]
-    threads += [threading.Thread(target=call, args=(100 + i, f"print({i} * 3)")) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert [results[100 + i].stdout for i in range(6)] == [f"{i * 3}\n" for i in range(6)]
+    _, innocent = run_beside(lambda code: _result(sandbox, code), attacks, 6, 3)
+    assert [r.stdout for r in innocent] == [f"{i * 3}\n" for i in range(6)]
     assert sandbox_processes(sandbox) == []

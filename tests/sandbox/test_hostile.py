@@ -11,11 +11,11 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import run_beside
 
 from components.sandbox import Sandbox, SandboxUnavailable
 
@@ -192,19 +192,9 @@ def test_other_calls_go_on_beside_hostile_ones(sandbox: Sandbox):
         "import os\nos.fork()",
         "import ctypes\nctypes.string_at(0)",
     ]
-    results: dict[int, object] = {}
-
-    def call(i: int, code: str) -> None:
-        results[i] = sandbox.run(code)
-
-    threads = [threading.Thread(target=call, args=(i, c)) for i, c in enumerate(hostile)]
-    threads += [threading.Thread(target=call, args=(100 + i, f"print({i} * 7)")) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert [results[100 + i].stdout for i in range(8)] == [f"{i * 7}\n" for i in range(8)]
-    assert all(results[i].status != "ok" for i in range(len(hostile)))
+    attacked, innocent = run_beside(sandbox.run, hostile, 8, 7)
+    assert [r.stdout for r in innocent] == [f"{i * 7}\n" for i in range(8)]
+    assert all(r.status != "ok" for r in attacked)
 
 
 def test_the_trainer_survives_a_killed_server(weaker):
