@@ -161,3 +161,53 @@ def test_dvc_apply_overrides_edits_params_as_dvc_exp_run_set_param(tmp_path):
     assert list(got) == ["seed", "train", "model", "compare"]
     with pytest.raises(InvalidArgumentError):
         apply_overrides(path, ["train.no_such_key=1"])
+
+
+# --- tabulate: reasoning-gym's pin ------------------------------------------------------------------
+def test_every_installed_requirement_on_tabulate_is_met():
+    """reasoning-gym pins tabulate==0.9.0 in every release; DVC (>=0.8.7) and gto (>=0.8.10) accept
+    it, so the lock holds 0.9.0 and no override is needed: every installed distribution's requirement
+    on tabulate (outside extras) is met by the installed version."""
+    from packaging.requirements import Requirement
+
+    installed = md.version("tabulate")
+    wanted = {}
+    for dist in md.distributions():
+        for raw in dist.requires or []:
+            req = Requirement(raw)
+            if _norm(req.name) == "tabulate" and not (req.marker and "extra" in str(req.marker)):
+                wanted[dist.metadata["Name"]] = str(req.specifier)
+    assert {"reasoning-gym", "dvc"} <= {_norm(n) for n in wanted}
+    unmet = {
+        name: spec
+        for name, spec in wanted.items()
+        if not Requirement(f"t{spec}").specifier.contains(installed)
+    }
+    assert unmet == {}, f"tabulate {installed} does not meet {unmet}"
+
+
+def test_reasoning_gym_and_dvc_tables_work_with_the_locked_tabulate():
+    """reasoning-gym's one use of tabulate (zebra_puzzles' grid) and DVC's tables (``dvc metrics show
+    --md``) with the lock's tabulate: each generated puzzle's own answer scores 1, the same seed gives
+    the same puzzles, two generators that do not use tabulate work beside it, DVC renders a table."""
+    import io
+
+    import reasoning_gym
+    from dvc.ui import Console
+    from dvc.ui.table import plain_table
+
+    for name in ("zebra_puzzles", "chain_sum", "mini_sudoku"):
+        data = reasoning_gym.create_dataset(name, size=3, seed=7)
+        for entry in data:
+            assert data.score_answer(entry["answer"], entry) == 1.0, name
+        again = reasoning_gym.create_dataset(name, size=3, seed=7)
+        assert [e["question"] for e in again] == [e["question"] for e in data]
+    out = io.StringIO()
+    console = Console()
+    console.write = lambda text, **_: out.write(text)  # dvc's Console writes to its own stdout
+    plain_table(console, [["eval_test.json", "0.5"]], headers=["Path", "accuracy"], markdown=True)
+    assert out.getvalue().splitlines()[:3] == [
+        "| Path           | accuracy   |",
+        "|----------------|------------|",
+        "| eval_test.json | 0.5        |",
+    ]
