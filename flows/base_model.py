@@ -72,13 +72,14 @@ def base_model_flow(params: Params) -> str:
     return out
 
 
-def check_template(model_dir: Path, tool_parser: str) -> None:
-    """StageError unless the chat template of ``model_dir`` writes tool calls ``tool_parser`` reads
-    (SFT renders its demonstrations with that template; the rollout parses them with that parser)."""
+def check_template(model_dir: Path, tool_parser: str, *, tools: bool = True) -> None:
+    """StageError unless ``model_dir`` has a chat template and, for a task with ``tools``, it lists the
+    tools and writes tool calls ``tool_parser`` reads (SFT renders its demonstrations with that
+    template; the rollout parses them with that parser)."""
     from transformers import AutoTokenizer
 
     try:
-        check_chat_template(AutoTokenizer.from_pretrained(model_dir), tool_parser)
+        check_chat_template(AutoTokenizer.from_pretrained(model_dir), tool_parser, tools=tools)
     except ValueError as err:
         raise StageError(f"{model_dir}: {err}") from None
 
@@ -91,7 +92,7 @@ def main(params: str) -> None:
             raise StageError(f"model.path: {p.model.path!r} is not a directory")
         if not (path / "config.json").is_file():
             raise StageError(f"model.path: {p.model.path!r} has no config.json (not an HF model directory)")
-        check_template(path, p.rollout.tool_parser)
+        check_template(path, p.rollout.tool_parser, tools=bool(get_task(p.task).tools()))
     base_model_flow(p)
 
 

@@ -195,7 +195,8 @@ def main(params: str) -> None:
     p = read_params(params)
     if not is_complete_checkpoint(BASE):
         raise StageError(f"sft: {BASE} is not a complete checkpoint (run the base_model stage first)")
-    check_template(BASE, p.rollout.tool_parser)  # models/base built for another rollout.tool_parser
+    # models/base built for another rollout.tool_parser, or a model.path without a (tool) chat template
+    check_template(BASE, p.rollout.tool_parser, tools=bool(get_task(p.task).tools()))
     check_gpu_memory(p, BASE, trained_models=1)
     check_world(p)
     launched = torchrun_follower()

@@ -334,12 +334,32 @@ _PROBE_TOOL = {
 }
 
 
-def check_chat_template(tokenizer: Any, name: str) -> None:
-    """Raise ``ValueError`` naming parser ``name`` unless ``tokenizer``'s chat template renders an
-    assistant tool call as text that parser reads back as the same call (SFT writes demonstrations
-    with the template; the rollout reads them with the parser)."""
-    fmt = get_format(name)
+def check_chat_template(tokenizer: Any, name: str, *, tools: bool = True) -> None:
+    """Raise ``ValueError`` unless ``tokenizer`` has a chat template that renders a conversation (every
+    prompt and reply is rendered with it) and, with ``tools`` (the task has tools), shows the model
+    the tool list and renders an assistant tool call as text parser ``name`` reads back as the same
+    call (SFT writes demonstrations with the template; the rollout reads them with the parser). The
+    message says which of these fails: no chat template, a template without tool support (it ignores
+    ``tools=`` or drops the call), or a call in another family's format."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the model's tokenizer has no chat template (tokenizer.chat_template is unset): steprl "
+            "renders every prompt and reply with it; use a chat (instruct) model's directory, or add a "
+            "chat_template to its tokenizer_config.json"
+        )
     messages = [{"role": "user", "content": "probe"}]
+    if not tools:
+        try:
+            tokenizer.apply_chat_template(
+                messages + [{"role": "assistant", "content": "reply"}], tokenize=False
+            )
+        except Exception as err:
+            raise ValueError(
+                f"the model's chat template cannot render a user and an assistant turn "
+                f"({type(err).__name__}: {short(err)})"
+            ) from None
+        return
+    fmt = get_format(name)
     call = {
         "role": "assistant",
         "content": "",
@@ -349,13 +369,26 @@ def check_chat_template(tokenizer: Any, name: str) -> None:
         before = tokenizer.apply_chat_template(
             messages, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True
         )
+        bare = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         after = tokenizer.apply_chat_template(messages + [call], tools=[_PROBE_TOOL], tokenize=False)
     except Exception as err:  # a template that cannot render a tool call at all
         raise ValueError(
             f"rollout.tool_parser={name!r}: the model's chat template cannot render an assistant tool "
             f"call ({type(err).__name__}: {short(err)})"
         ) from None
+    if before == bare:
+        raise ValueError(
+            "the model's chat template has no tool support: it renders the prompt the same with and "
+            "without tools=[...], so the model would never see the task's tools; use a model whose "
+            "template lists tools (e.g. an instruct model of Qwen2.5/Qwen3, Llama 3.1+, Mistral v0.3+)"
+        )
     rendered = after[len(before) :] if after.startswith(before) else after
+    if "probe_tool" not in rendered:
+        raise ValueError(
+            "the model's chat template has no tool support: an assistant turn with a tool call "
+            f"renders as {short(rendered, 160)!r}, without the call, so SFT could not write its "
+            "demonstrations' calls"
+        )
     got = fmt.parse(rendered, [_PROBE_TOOL]).valid_calls
     if got != [ToolCall("probe_tool", _PROBE_ARGS)]:
         raise ValueError(

@@ -121,6 +121,67 @@ def test_a_template_that_cannot_render_tool_calls_is_refused():
         check_chat_template(tok, "mistral")
 
 
+# A chat template with no tool support at all: it renders roles and contents, ignoring tools= and
+# tool_calls (as many base models' templates do).
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Tools listed in a system turn, but an assistant tool call rendered as its (empty) content only.
+LISTS_TOOLS_DROPS_CALLS = (
+    "{% if tools %}<|im_start|>system\n{{ tools | tojson }}<|im_end|>\n{% endif %}" + PLAIN_TEMPLATE
+)
+
+
+@pytest.mark.parametrize("tools", [True, False])
+def test_a_tokenizer_without_a_chat_template_is_refused_saying_so(tools):
+    tok = build_tokenizer([], 300)
+    tok.chat_template = None
+    with pytest.raises(
+        ValueError, match=r"^the model's tokenizer has no chat template \(tokenizer.chat_template"
+    ):
+        check_chat_template(tok, "hermes", tools=tools)
+
+
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        (PLAIN_TEMPLATE, "has no tool support: it renders the prompt the same with and without tools="),
+        (
+            LISTS_TOOLS_DROPS_CALLS,
+            r"has no tool support: an assistant turn with a tool call renders as '.*', without",
+        ),
+    ],
+    ids=["ignores-tools", "drops-calls"],
+)
+def test_a_template_without_tool_support_is_refused_saying_so_for_a_tool_task_only(template, match):
+    tok = build_tokenizer([], 300)
+    tok.chat_template = template
+    for name in ("hermes", "llama3_json"):
+        with pytest.raises(ValueError, match=f"^the model's chat template {match}"):
+            check_chat_template(tok, name)
+    check_chat_template(tok, "hermes", tools=False)  # a task whose actions are text needs no tools
+
+
+def test_a_template_that_cannot_render_a_plain_turn_is_refused_for_a_tool_less_task():
+    tok = build_tokenizer([], 300)
+    tok.chat_template = "{{ raise_exception('system first') }}"
+    with pytest.raises(ValueError, match="cannot render a user and an assistant turn .*system first"):
+        check_chat_template(tok, "hermes", tools=False)
+
+
+def test_base_model_checks_a_tool_less_task_for_a_chat_template_only(tmp_path):
+    from flows._stage import StageError
+    from flows.base_model import check_template
+
+    tok = build_tokenizer([], 300)
+    tok.chat_template = PLAIN_TEMPLATE
+    tok.save_pretrained(tmp_path)
+    check_template(tmp_path, "hermes", tools=False)  # sokoban on a model without tool support
+    with pytest.raises(StageError, match="chat template has no tool support"):
+        check_template(tmp_path, "hermes", tools=True)
+
+
 MALFORMED = {
     "llama3_json": ['{"name": "calc", "parameters": {"expression": "1"', '{"parameters": {}}', "{"],
     "mistral": ["[TOOL_CALLS]", '[TOOL_CALLS]calc[ARGS]{"expression": "1"', "[TOOL_CALLS]calc[ARGS][1]"],
