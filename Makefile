@@ -72,17 +72,18 @@ test: setup lint
 test-all: setup
 	pytest -m ""
 
-# On a GPU machine (`make setup EXTRA=gpu`): one SFT step and one RL iteration per rollout engine on
-# models/base (MODEL=<dir> for another), printing device, dtypes, tokens/s and peak GPU memory per stage.
-# Without CUDA it stops with a message saying so.
+# On a GPU machine (`make setup EXTRA=gpu`): one SFT step and one RL iteration per case and rollout
+# engine on models/base (MODEL=<dir> for another), printing device, dtypes, tokens/s and peak GPU memory
+# per stage; the cases default, zero3 and lora (CASES=zero3,lora for some). Without CUDA it stops with a
+# message saying so.
 gpu-smoke: setup
-	python benchmarks/gpu_smoke.py $(if $(MODEL),--model $(MODEL))
+	python benchmarks/gpu_smoke.py $(if $(MODEL),--model $(MODEL)) $(if $(CASES),--cases $(CASES))
 
 # Talk to a trained agent (docs/chat.md): MODEL=<run name or checkpoint dir>,
-# e.g. `make chat MODEL=grpo-s0`; it serves the checkpoint with vLLM on 127.0.0.1 until you quit.
-MODEL ?= grpo-s0
+# e.g. `make chat MODEL=grpo-s0` (the default); it serves the checkpoint with vLLM on 127.0.0.1 until
+# you quit. (No global MODEL default: gpu-smoke reads MODEL too, and its default is models/base.)
 chat: setup
-	python -m flows.chat --model $(MODEL)
+	python -m flows.chat --model $(or $(MODEL),grpo-s0)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -33,6 +33,16 @@ import torch
 CASES = ("default", "zero3", "lora")
 
 
+def case_settings(zero_stage: int, lora, target_modules) -> dict[str, tuple[int, object]]:
+    """``{case: (ZeRO stage, LoraSettings or None)}`` for every case of :data:`CASES`: ``default`` is
+    params.yaml's ``deepspeed.zero_stage`` and ``model.lora`` (``lora``), ``zero3`` the same at stage
+    3, ``lora`` params.yaml's adapters or, when they are off, rank 16 on ``target_modules``."""
+    from components.train.lora import LoraSettings
+
+    on = lora or LoraSettings(rank=16, alpha=32.0, target_modules=tuple(target_modules))
+    return {"default": (zero_stage, lora), "zero3": (3, lora), "lora": (zero_stage, on)}
+
+
 def _stage(name: str, tokens: int, fn, *args, **kwargs):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -70,7 +80,7 @@ def main() -> None:
     from components.device import stage_device
     from components.model.tiny import load_hf
     from components.precision import resolve_rollout_dtype, resolve_train_dtype
-    from components.train.lora import LoraSettings, check_model_dir
+    from components.train.lora import check_model_dir
     from components.train.rl_session import RLSession, SessionConfig
     from flows._stage import read_params
     from flows.train_settings import lora_settings
@@ -82,15 +92,7 @@ def main() -> None:
         f"{resolve_train_dtype(ds.dtype)}, rollout dtype {resolve_rollout_dtype(r.dtype)}, "
         f"fp32 matmul precision {torch.get_float32_matmul_precision()} (before the engines)"
     )
-    lora = lora_settings(p)
-    settings = {
-        "default": (ds.zero_stage, lora),
-        "zero3": (3, lora),
-        "lora": (
-            ds.zero_stage,
-            lora or LoraSettings(rank=16, alpha=32.0, target_modules=p.model.lora.target_modules),
-        ),
-    }
+    settings = case_settings(ds.zero_stage, lora_settings(p), p.model.lora.target_modules)
     if any(settings[c][1] is not None for c in cases):
         try:
             check_model_dir(args.model, next(settings[c][1] for c in cases if settings[c][1]).target_modules)
