@@ -3,9 +3,9 @@
 One section per concern; each stage reads the sections it needs. Unknown keys, wrong types and
 out-of-range values raise :class:`ConfigError` whose message names the full key path and the bad
 value, before any work starts. Every name is checked against its registry (``task``, each algorithm's
-``preset`` / ``estimator`` / ``policy_loss`` / ``loss_agg``, ``train.kl_kind``; the error lists the known
-names), and so are the rules between fields (e.g. a group-baseline estimator needs
-``samples_per_prompt >= 2``). The modules named in ``plugins`` are imported first, so a task living
+``preset`` / ``estimator`` / ``policy_loss`` / ``loss_agg`` / ``correction``, ``train.kl_kind``; the
+error lists the known names), and so are the rules between fields (e.g. a group-baseline estimator
+needs ``samples_per_prompt >= 2``). The modules named in ``plugins`` are imported first, so a task living
 outside this package registers itself before ``task`` is checked. Each task validates its own section
 ``tasks.<name>`` with its recipe's ``params_model``.
 
@@ -79,6 +79,7 @@ def _registry(name: str) -> Registry[Any]:
         "loss_agg": algos.AGG_MODES,
         "kl_kind": algos.KL_ESTIMATORS,
         "preset": algos.PRESETS,
+        "correction": algos.OFFPOLICY_CORRECTIONS,
     }[name]
 
 
@@ -388,11 +389,30 @@ class AlgoParams(Section):
     # DAPO's dynamic sampling for this algorithm alone (train.dynamic_sampling: null = that setting):
     # e.g. true for GRPO and GiGPO while PPO and StepPO, one sample per prompt, go without.
     dynamic_sampling: bool | None = None
+    # Off-policy correction of the policy loss (components.algos.OFFPOLICY_CORRECTIONS): none; tis,
+    # each token's loss times min(pi_old / pi_rollout, C), detached (per step row for the gspo loss);
+    # decoupled, the ratio pi / pi_prox (pi_prox: the recomputed old log-probs) and the loss times
+    # pi_prox / pi_rollout where <= C, else 0. tis needs train.old_logprobs detached or recompute,
+    # decoupled recompute; both train.temperature 1.
+    correction: str = "none"
+    # The correction's cap C (>= 1).
+    correction_cap: float = 2.0
 
     _preset_known = field_validator("preset")(_known("preset"))
     _estimator_known = field_validator("estimator")(_known("estimator"))
     _loss_known = field_validator("policy_loss")(_known("policy_loss"))
     _agg_known = field_validator("loss_agg")(_known("loss_agg"))
+    _correction_known = field_validator("correction")(_known("correction"))
+
+    @field_validator("correction_cap")
+    @classmethod
+    def _cap_at_least_one(cls, cap: float) -> float:
+        if not cap >= 1.0:
+            raise ValueError(
+                f"correction_cap={cap} < 1 would down-weight tokens on which the rollout and the trainer "
+                "agree (weight 1); C must be >= 1 (verl's TIS uses 2)"
+            )
+        return cap
 
     def parts(self) -> dict[str, str | None]:
         """The resolved parts: the preset's estimator, policy_loss, loss_agg with every non-null
@@ -797,6 +817,28 @@ class Params(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _correction_has_its_logprobs(self) -> Params:
+        t = self.train
+        for name, a in self.algorithms.items():
+            c = _registry("correction").get(a.correction)
+            if c.weigh is None:
+                continue
+            if t.old_logprobs not in c.old_logprobs:
+                raise ValueError(
+                    f"algorithms.{name}.correction={a.correction!r} weighs by pi_old / pi_rollout, which "
+                    f"needs the trainer's own old log-probs beside the rollout's: train.old_logprobs="
+                    f"{t.old_logprobs!r} {_WITHOUT_OLD.get(t.old_logprobs, 'does not give them')}; set "
+                    f"train.old_logprobs to {' or '.join(c.old_logprobs)}, or the correction to none"
+                )
+            if t.temperature != 1.0:
+                raise ValueError(
+                    f"algorithms.{name}.correction={a.correction!r} needs train.temperature=1.0 (got "
+                    f"{t.temperature}): the rollout engine reports log-probs of the untempered "
+                    "distribution, which cannot be weighed against the trainer's tempered ones"
+                )
+        return self
+
     def dynamic_sampling(self, algo: str) -> bool:
         """Whether ``algo`` samples dynamically: ``algorithms.<algo>.dynamic_sampling`` where set, else
         ``train.dynamic_sampling``."""
@@ -834,6 +876,14 @@ class Params(Section):
                     f"(known: {sorted(self.algorithms)})"
                 )
         return self
+
+
+# why a train.old_logprobs source cannot serve a correction that it does not list
+_WITHOUT_OLD = {
+    "rollout": "takes the rollout's log-probs as pi_old (the weight would always be 1)",
+    "detached": "takes pi_old from the update's own forward, so there is no proximal policy apart "
+    "from pi (the clip could never act)",
+}
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

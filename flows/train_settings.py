@@ -48,6 +48,8 @@ def actor_settings(params: Params, algo: str) -> ActorSettings:
         mini_batch_size=t.mini_batch_size,
         micro_batch_size=t.micro_batch_size,
         packed=t.packed_forward,
+        correction=a.correction,
+        correction_cap=a.correction_cap,
     )
 
 

@@ -6,6 +6,12 @@ is the per-token loss, 0 outside ``response_mask`` (turn it into one number with
 valid tokens (``clipfrac``, ``approx_kl`` = mean((ratio - 1) - log ratio), and ``dual_clipfrac`` for
 ppo). Values outside ``response_mask`` are ignored, even inf/NaN, and get no gradient.
 
+Off-policy correction (``components.algos.offpolicy``): ``correction`` (``none`` by default: the loss
+is untouched), with ``behav_logp`` (B, L), the rollout engine's log-probs, and ``correction_cap``,
+multiplies each token's loss by a detached weight from log pi_old - log pi_behav, per token for ppo
+and reinforce, per step row for gspo (the granularity of its sequence ratio); the metrics then add
+``is_capped_frac`` (valid tokens whose weight was capped) and ``is_weight_mean``.
+
 Does not: aggregate, add KL or entropy terms to the loss (the trainer sums the terms it wants).
 
 Departures from the papers / docs/algorithms.md:
@@ -14,7 +20,8 @@ Departures from the papers / docs/algorithms.md:
    `seq-mean-token-mean` its gradient equals the gradient of the sequence-level GSPO objective.
 2. gspo clamps the mean log-ratio of a row to [-20, 20] (the token ratio's clamp) and has no dual
    clip; ``clip_ratio_c`` is accepted for the common signature and unused by gspo and reinforce.
-3. reinforce ignores ``old_logp`` for the loss (L = -A logp); it is only used for the metrics.
+3. reinforce ignores ``old_logp`` for the loss (L = -A logp); it is only used for the metrics and
+   an off-policy correction's weight.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from components.algos.offpolicy import correction_weights, get_correction
 from components.algos.tensor_ops import masked_mean
 from components.registry import Registry
 
@@ -65,6 +73,25 @@ def _masked(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _corrected(
+    loss: Tensor, metrics: dict[str, Tensor], *, old_logp: Tensor, behav_logp: Tensor | None,
+    mask: Tensor, correction: str, cap: float, level: str,
+) -> Tensor:  # fmt: skip
+    """``loss`` (B, L) times the correction's detached weight (``none``: ``loss`` itself, untouched);
+    adds ``is_capped_frac`` and ``is_weight_mean`` to ``metrics``."""
+    if get_correction(correction).weigh is None:  # none
+        return loss
+    if behav_logp is None:
+        raise ValueError(f"correction={correction!r} needs behav_logp, the rollout engine's log-probs")
+    weight, capped = correction_weights(
+        old_logp=old_logp, behav_logp=behav_logp, response_mask=mask, correction=correction, cap=cap,
+        level=level,
+    )  # type: ignore[misc]  # fmt: skip
+    metrics["is_capped_frac"] = masked_mean(capped.to(loss.dtype), mask).detach()
+    metrics["is_weight_mean"] = masked_mean(weight, mask).detach()
+    return loss * weight
+
+
 def _approx_kl(log_ratio: Tensor, mask: Tensor) -> Tensor:
     """k3 estimate of KL(old || new) over valid tokens: mean((ratio - 1) - log ratio)."""
     return masked_mean(torch.expm1(log_ratio) - log_ratio, mask).detach()
@@ -80,6 +107,9 @@ def ppo(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_ratio_c: float = 3.0,
+    behav_logp: Tensor | None = None,  # (B, L) the rollout engine's log-probs (a correction's pi_behav)
+    correction: str = "none",  # components.algos.offpolicy.OFFPOLICY_CORRECTIONS
+    correction_cap: float = 2.0,
 ) -> LossOut:
     """Dual-clip PPO: L = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)); where A < 0, L = min(L, -A c)."""
     mask = _check(logp, old_logp, advantages, response_mask, clip_low, clip_high, clip_ratio_c)
@@ -97,6 +127,10 @@ def ppo(
         "dual_clipfrac": masked_mean(dual_active.to(logp.dtype), mask).detach(),
         "approx_kl": _approx_kl(log_ratio, mask),
     }
+    loss = _corrected(
+        loss, metrics, old_logp=old_logp, behav_logp=behav_logp, mask=mask, correction=correction,
+        cap=correction_cap, level="token",
+    )  # fmt: skip
     return _masked(loss, mask), metrics
 
 
@@ -110,6 +144,9 @@ def gspo(
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
     clip_ratio_c: float = 3.0,
+    behav_logp: Tensor | None = None,  # (B, L) the rollout engine's log-probs (a correction's pi_behav)
+    correction: str = "none",  # components.algos.offpolicy.OFFPOLICY_CORRECTIONS
+    correction_cap: float = 2.0,
 ) -> LossOut:
     """GSPO: s = exp(mean_j(logp - logp_old)) per step row, applied per token as
     sg(s) * exp(logp - sg(logp)); L = max(-A s, -A clip(s, 1-eps_low, 1+eps_high))."""
@@ -126,6 +163,10 @@ def gspo(
         "clipfrac": masked_mean((loss_clipped > loss_unclipped).to(logp.dtype), mask).detach(),
         "approx_kl": _approx_kl(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), mask),
     }
+    loss = _corrected(
+        loss, metrics, old_logp=old_logp, behav_logp=behav_logp, mask=mask, correction=correction,
+        cap=correction_cap, level="sequence",
+    )  # fmt: skip
     return _masked(loss, mask), metrics
 
 
@@ -139,12 +180,19 @@ def reinforce(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_ratio_c: float = 3.0,
+    behav_logp: Tensor | None = None,  # (B, L) the rollout engine's log-probs (a correction's pi_behav)
+    correction: str = "none",  # components.algos.offpolicy.OFFPOLICY_CORRECTIONS
+    correction_cap: float = 2.0,
 ) -> LossOut:
     """REINFORCE: L = -A logp."""
     mask = _check(logp, old_logp, advantages, response_mask, clip_low, clip_high, clip_ratio_c)
     loss = -_masked(advantages, mask) * _masked(logp, mask)  # (B, L)
     log_ratio = _masked(logp - old_logp, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     metrics = {"clipfrac": torch.zeros((), dtype=logp.dtype), "approx_kl": _approx_kl(log_ratio, mask)}
+    loss = _corrected(
+        loss, metrics, old_logp=old_logp, behav_logp=behav_logp, mask=mask, correction=correction,
+        cap=correction_cap, level="token",
+    )  # fmt: skip
     return loss, metrics
 
 

@@ -275,8 +275,15 @@ class RLSession:
             m = critic_update(self.critic, rows, critic, pad_id=self.pad_id, per_step=per_step, seed=seed)
             metrics.update({f"critic/{k}": v for k, v in m.items()})
         if actor is not None:
-            detach_old = self.cfg.old_logprobs == "detached"
-            m = actor_update(self.actor, rows, actor, pad_id=self.pad_id, seed=seed, detach_old=detach_old)
+            m = actor_update(
+                self.actor,
+                rows,
+                actor,
+                pad_id=self.pad_id,
+                seed=seed,
+                detach_old=self.cfg.old_logprobs == "detached",
+                old_from_rollout=self.cfg.old_logprobs == "rollout",
+            )
             metrics.update({f"actor/{k}": v for k, v in m.items()})
         return metrics
 

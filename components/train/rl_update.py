@@ -9,7 +9,10 @@ the engine's device in the loss (``components.device.to_device``). Non-finite lo
 (``train_step``) and are counted.
 
 Losses, estimators and aggregation come from ``components.algos`` by name; this module never
-branches on an algorithm's name.
+branches on an algorithm's name. The off-policy correction (``ActorSettings.correction``,
+``components.algos.offpolicy``) weighs the policy loss by the trainer's old log-probs against the
+rollout engine's (the rows' ``response_logprobs``); whenever both exist (module ``actor_update``) the
+update also logs their mismatch, ``mismatch/*``, which reads detached tensors and changes nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import Tensor
 from components.algos import aggregate_loss, get_policy_loss, loss_normalisers
 from components.algos.kl import kl_penalty
 from components.algos.losses import value_loss
+from components.algos.offpolicy import get_correction, mismatch_metrics, mismatch_sums
 from components.device import model_device, to_device
 from components.train.engine import train_step
 from components.train.policy import TokenBatch, critic_values, make_token_batch, pad_rows, response_logprobs
@@ -50,6 +54,10 @@ class ActorSettings:
     mini_batch_size: int
     micro_batch_size: int
     packed: bool = False  # forwards packed end to end (make_token_batch), train.packed_forward
+    # The off-policy correction of the policy loss (components.algos.offpolicy: none, tis, decoupled)
+    # and its cap C >= 1; algorithms.<name>.correction / correction_cap.
+    correction: str = "none"
+    correction_cap: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class StepTensors:
     returns: Tensor  # (B, L) per token, or (B,) per step
     old_values: Tensor | None  # same shape as returns
     traj_ids: list[str] | None = None  # each row's trajectory, for traj-mean-token-mean
+    behav_logp: Tensor | None = None  # (B, L) the rollout engine's log-probs (rows' response_logprobs)
 
 
 def step_tensors(
@@ -83,8 +92,9 @@ def step_tensors(
     packed: bool = False,
 ) -> StepTensors:
     """Tensors of ``rows`` (dicts with prompt_ids, response_ids, advantages, old_logprobs, returns,
-    and optionally ref_logprobs, values), and ``traj_ids`` as given. ``share_prefix``: the actor
-    forwards each shared prompt once (``make_token_batch``), and so does the critic."""
+    and optionally ref_logprobs, values, response_logprobs), and ``traj_ids`` as given.
+    ``share_prefix``: the actor forwards each shared prompt once (``make_token_batch``), and so does
+    the critic."""
     batch = make_token_batch(
         [r["prompt_ids"] for r in rows],
         [r["response_ids"] for r in rows],
@@ -95,6 +105,7 @@ def step_tensors(
     L = batch.response_ids.size(1)
     has_ref = rows[0].get("ref_logprobs") is not None
     has_values = rows[0].get("values") is not None
+    has_behav = all(r.get("response_logprobs") is not None for r in rows)
     if per_step_values:
         returns = torch.tensor([float(r["returns"][0]) if len(r["returns"]) else 0.0 for r in rows])
         old_values = torch.tensor([float(r["values"][0]) for r in rows]) if has_values else None
@@ -109,6 +120,7 @@ def step_tensors(
         returns=returns,
         old_values=old_values,
         traj_ids=traj_ids,
+        behav_logp=pad_rows([r["response_logprobs"] for r in rows], L) if has_behav else None,
     )
 
 
@@ -188,6 +200,7 @@ def actor_update(
     pad_id: int,
     seed: int,
     detach_old: bool = False,
+    old_from_rollout: bool = False,
 ) -> dict[str, float]:
     """PPO epochs of the actor over ``rows``; returns metrics averaged over optimizer steps, and
     ``pg_clipfrac/step_<j>``, the clipped share of the j-th optimizer step (0-based) alone.
@@ -195,10 +208,27 @@ def actor_update(
     Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from.
     ``seed`` shuffles the mini-batches. ``detach_old``: the old log-probs are this forward's own, detached (ratio exactly 1 at the first
     step; only on-policy: one epoch, one mini-batch). The rows' ``old_logprobs`` are then the rollout's
-    and give ``logprob_gap``, the mean |trainer - rollout| log-prob per response token."""
+    and give ``logprob_gap``, the mean |trainer - rollout| log-prob per response token.
+    ``old_from_rollout``: the rows' ``old_logprobs`` are the rollout's (``train.old_logprobs:
+    rollout``), so there is no trainer-side old log-prob.
+
+    The trainer's old log-probs (this forward's own with ``detach_old``, else the rows') against the
+    rollout's (the rows' ``response_logprobs``), at temperature 1 (the engines report untempered
+    log-probs), give ``mismatch/kl`` (mean k3 per response token), ``mismatch/max_abs_log_ratio`` and,
+    under a correction, ``mismatch/capped_frac`` (the capped share of tokens, averaged over optimizer
+    steps) and ``pg_is_weight_mean``."""
     a = settings
     loss_fn_pg = get_policy_loss(a.policy_loss)
-    history = []
+    has_behav = all(r.get("response_logprobs") is not None for r in rows)
+    both = has_behav and not old_from_rollout and a.temperature == 1.0  # trainer and rollout log-probs
+    if get_correction(a.correction).weigh is not None and not both:
+        raise ValueError(
+            f"correction={a.correction!r} needs the trainer's old log-probs beside the rollout's "
+            f"(response_logprobs in every row: {has_behav}; old log-probs not the rollout's: "
+            f"{not old_from_rollout}) at temperature 1 (got {a.temperature}: the engines report "
+            "untempered log-probs)"
+        )
+    history, sums = [], []
     for plan in _mini_batches(rows, a.mini_batch_size, a.micro_batch_size, a.epochs, seed):
         micro = [
             step_tensors(
@@ -217,22 +247,32 @@ def actor_update(
             traj_ids=[m.traj_ids for m in micro],
         )
         tokens = max(norms["global_tokens"], 1.0)
+        # micro-batch -> its mismatch sums, once however often train_step forwards it
+        step_sums: dict[int, dict[str, float]] = {}
 
-        def loss_fn(eng: Any, m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
-            m = to_device(m, model_device(eng.module))  # built on the CPU by step_tensors
+        def loss_fn(eng: Any, cpu_m: StepTensors) -> tuple[Tensor, dict[str, Tensor]]:
+            m = to_device(cpu_m, model_device(eng.module))  # built on the CPU by step_tensors
             mask = m.batch.response_mask
             logp, entropy = response_logprobs(
                 eng.module, m.batch, temperature=a.temperature, with_entropy=True
             )
+            old_logp = logp.detach() if detach_old else m.old_logp
             pg, pg_metrics = loss_fn_pg(
                 logp=logp,
-                old_logp=logp.detach() if detach_old else m.old_logp,
+                old_logp=old_logp,
                 advantages=m.advantages,
                 response_mask=mask,
                 clip_low=a.clip_low,
                 clip_high=a.clip_high,
                 clip_ratio_c=a.clip_ratio_c,
+                behav_logp=m.behav_logp,
+                correction=a.correction,
+                correction_cap=a.correction_cap,
             )
+            if both:
+                step_sums[id(cpu_m)] = mismatch_sums(
+                    trainer_logp=old_logp, rollout_logp=m.behav_logp, response_mask=mask
+                )
             pg_loss = aggregate_loss(
                 loss=pg, response_mask=mask, mode=a.loss_agg, traj_ids=m.traj_ids, **norms
             )
@@ -255,12 +295,16 @@ def actor_update(
             return loss, metrics
 
         history.append(train_step(engine, micro, loss_fn))
+        sums += step_sums.values()
     # The clipped share per optimizer step as well as its mean: with the rollout's log-probs as the
     # old policy the first step's ratio is ~1, and later steps show how far the policy has moved.
     per_step = {
         f"pg_clipfrac/step_{j}": h["pg_clipfrac"] for j, h in enumerate(history) if "pg_clipfrac" in h
     }
-    return {**_mean_metrics(history), **per_step}
+    out = {**_mean_metrics(history), **per_step}
+    if "pg_is_capped_frac" in out:
+        out["mismatch/capped_frac"] = out.pop("pg_is_capped_frac")
+    return {**out, **{f"mismatch/{k}": v for k, v in mismatch_metrics(sums).items()}}
 
 
 def critic_update(
