@@ -1,9 +1,9 @@
 """The ``code`` task: short procedurally generated problems solved by running Python in a sandbox.
 
-Data: eight seeded generators (``generator.py``) mixed by the ``tasks.code`` params (``params.py``).
-Environment: a ToolEnv with the ``python`` tool (``tool.py``, registered as ``python``), whose calls run
-in the sandbox (components/sandbox); reward: the row's generator's checker on ``<answer>...</answer>``
-(``env.py``). Demonstrations: the expert's program and answer, and weaker ones with a NameError first
+Data: eight of reasoning-gym's seeded generators (``generator.py``) mixed by the ``tasks.code`` params
+(``params.py``). Environment: a ToolEnv with the ``python`` tool (``tool.py``, registered as ``python``),
+whose calls run in the sandbox (components/sandbox); reward: reasoning-gym's ``score_answer`` of the
+row's generator on ``<answer>...</answer>``, 1 at its full score, else 0 (``env.py``). Demonstrations: the expert's program and answer, and weaker ones with a NameError first
 and the fix after. Importing this package registers the recipe under the name ``code``.
 """
 

@@ -1,4 +1,4 @@
-"""The code task's environment: a ToolEnv with the ``python`` tool, graded by the generator's checker.
+"""The code task's environment: a ToolEnv with the ``python`` tool, graded by reasoning-gym's checker.
 
 The sandbox is the process's shared one for the task's settings (``data_dir/sandbox.json``, written
 by prepare from ``tasks.code``; the defaults without it), started on the first environment and
@@ -36,7 +36,8 @@ def parse_answer(text: str) -> str | None:
 
 
 class CodeEnv(ToolEnv):
-    """A ToolEnv whose reward is the checker of the row's generator (column ``generator``)."""
+    """A ToolEnv whose reward is reasoning-gym's ``score_answer`` of the row's generator (column
+    ``generator``) on the row's item (``question``, ``answer`` and reasoning-gym's ``metadata``)."""
 
     def __init__(
         self, tool: PythonTool, *, malformed_penalty: float = 0.0, tool_parser: str = "hermes"
@@ -53,17 +54,21 @@ class CodeEnv(ToolEnv):
             tool_parser=tool_parser,
         )
         self._generator = ""
+        self._item: dict[str, Any] = {}
         # the sandbox runs this many programs at once: the agent loop steps as many episodes together
         self.concurrent_steps = tool.sandbox.workers
 
     def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
-        if "generator" not in row:
-            raise KeyError(f"task row has no 'generator' column (columns: {sorted(row)})")
+        missing = [c for c in ("generator", "metadata") if c not in row]
+        if missing:
+            raise KeyError(f"task row has no {missing} column (columns: {sorted(row)})")
         self._generator = str(row["generator"])
+        metadata = json.loads(row["metadata"]) if isinstance(row["metadata"], str) else row["metadata"]
+        self._item = {"question": row.get("question", ""), "answer": str(row["answer"]), "metadata": metadata}
         return super().reset(row)
 
     def _score(self, text: str, truth: str) -> float:
-        return score_answer(self._generator, parse_answer(text), truth)
+        return score_answer(self._generator, parse_answer(text), {**self._item, "answer": truth})
 
 
 def make_env(

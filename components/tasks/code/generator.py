@@ -1,156 +1,107 @@
-"""Seeded, checkable problems where running a short program is the way to the answer.
+"""Seeded, checkable problems where running a short program is the way to the answer: reasoning-gym's.
 
-Eight generators with reasoning-gym's names and shape (a question, a short answer, the generator's
-own checker, :func:`score_answer`): basic_arithmetic, gcd, lcm, prime_factorization,
-base_conversion, count_primes, letter_counting, word_sorting. reasoning-gym itself is not used: it
-pins tabulate==0.9.0 where the lock has 0.10.0 (via DVC), so these are written here. Each problem
-also carries the program that solves it (printing exactly the answer) and a first attempt with a
-mistake (``prnt``, or a missing ``import math``) for the weaker demonstrations.
+Eight of reasoning-gym's generators (``reasoning_gym.create_dataset``): basic_arithmetic, gcd, lcm,
+prime_factorization, base_conversion, count_primes, letter_counting, word_sorting. A problem is
+reasoning-gym's own item (its question, answer and metadata) and is graded by the generator's own
+``score_answer`` (:func:`score_answer`), counted right only at its full score: the task is exact, so
+reasoning-gym's partial credits (0.5 for factors whose product is right, the share of words in their
+place, at least 0.2, for a list sorted wrong, a fraction for an answer that contains the right one)
+are 0 here. Each generator's config is set from ``max_number`` (:data:`CONFIGS`): operands up
+to ``max_number``, a counted range up to 2x it, a factorised or converted number up to 4x it. What is written here: the program that solves each problem, from
+the item's metadata (printing exactly the answer: the expert's demonstration), and a first attempt
+with a mistake (``prnt``, or a missing ``import math``) for the weaker demonstrations.
 
-:func:`generate_splits` draws problems from one ``random.Random(seed)`` stream, each generator picked
-by the params' mix weights, keeps a question only once across the three splits, and shuffles the
-problems before cutting the splits, so each split has the same share of each generator.
+:func:`generate_splits` draws the generator of each problem from one ``random.Random(seed)`` stream
+by the params' mix weights and takes that generator's next item (its dataset seeded by
+:func:`dataset_seed`), keeps a question only once across the three splits, and shuffles the problems
+before cutting the splits, so each split has the same share of each generator.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import random
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 import polars as pl
 
-from components.tasks.calc.calculator import evaluate, format_number
 from components.tasks.demonstrations import answer_message, encode, tool_call_message, tool_message
 
-__all__ = ["GENERATORS", "Problem", "generate_splits", "score_answer"]
-
-_WORDS = (
-    "apple", "banana", "cherry", "grape", "lemon", "mango", "melon", "olive", "peach", "pear", "plum",
-    "strawberry", "kiwi", "papaya", "walnut", "almond", "carrot", "pepper", "tomato", "onion", "garlic",
-    "ginger", "radish", "turnip", "rabbit", "parrot", "otter", "zebra", "llama", "tiger",
-)  # fmt: skip
+__all__ = ["CONFIGS", "GENERATORS", "Problem", "dataset_seed", "generate_splits", "score_answer"]
 
 
 @dataclass(frozen=True)
 class Problem:
     generator: str
+    index: int  # the item's index in the generator's dataset
     question: str
     answer: str
+    metadata: dict[str, Any]  # reasoning-gym's metadata of the item (its score_answer may read it)
     code: str  # prints exactly the answer
     wrong_code: str  # a first attempt that fails with a NameError
 
 
-def _arithmetic(rng: random.Random, n: int) -> Problem:
-    terms = [rng.randint(2, n) for _ in range(rng.randint(3, 4))]
-    ops = [rng.choice("+-*") for _ in terms[1:]]
-    expr = str(terms[0]) + "".join(f" {op} {t}" for op, t in zip(ops, terms[1:]))
-    # the calc task's calculator reads the expression as Python does, without eval
-    return _problem("basic_arithmetic", f"Compute {expr}.", format_number(evaluate(expr)), f"print({expr})")
+# reasoning-gym's config of each generator from max_number (its other settings: reasoning-gym's
+# defaults). basic_arithmetic: 3-4 terms of up to max_number's digits, + - * only (no division), with
+# reasoning-gym's parentheses (its generator without them computes left to right, not as written).
+CONFIGS: dict[str, Callable[[int], dict[str, Any]]] = {
+    "basic_arithmetic": lambda n: dict(
+        min_terms=3, max_terms=4, min_digits=1, max_digits=len(str(n)), operators=("+", "-", "*"),
+        allow_negation=False,
+    ),
+    "gcd": lambda n: dict(min_numbers=2, max_numbers=2, min_value=2, max_value=n),
+    "lcm": lambda n: dict(min_numbers=2, max_numbers=2, min_value=2, max_value=n // 2),
+    "prime_factorization": lambda n: dict(min_value=4, max_value=4 * n),
+    "base_conversion": lambda n: dict(min_value=2, max_value=4 * n),
+    "count_primes": lambda n: dict(min_n=2, max_n=2 * n),
+    "letter_counting": lambda n: dict(min_words=1, max_words=3),
+    "word_sorting": lambda n: dict(min_words=3, max_words=5),
+}  # fmt: skip
 
 
-def _gcd(rng: random.Random, n: int) -> Problem:
-    k = rng.randint(2, max(2, n // 8))
-    a, b = k * rng.randint(1, max(1, n // k)), k * rng.randint(1, max(1, n // k))
-    return _problem(
-        "gcd",
-        f"What is the greatest common divisor of {a} and {b}?",
-        str(math.gcd(a, b)),
-        f"import math\nprint(math.gcd({a}, {b}))",
+def _gcd(m: Mapping[str, Any]) -> str:
+    return f"import math\nprint(math.gcd({', '.join(map(str, m['numbers']))}))"
+
+
+def _lcm(m: Mapping[str, Any]) -> str:
+    return f"import math\nprint(math.lcm({', '.join(map(str, m['numbers']))}))"
+
+
+def _prime_factorization(m: Mapping[str, Any]) -> str:
+    return (
+        f"n, d = {int(m['number'])}, 2\nf = []\nwhile n > 1:\n    while n % d == 0:\n        f.append(d)\n"
+        "        n //= d\n    d += 1\nprint(' × '.join(map(str, f)))"
     )
 
 
-def _lcm(rng: random.Random, n: int) -> Problem:
-    a, b = rng.randint(2, max(3, n // 2)), rng.randint(2, max(3, n // 2))
-    return _problem(
-        "lcm",
-        f"What is the least common multiple of {a} and {b}?",
-        str(math.lcm(a, b)),
-        f"import math\nprint(math.lcm({a}, {b}))",
+def _base_conversion(m: Mapping[str, Any]) -> str:
+    return (
+        f"n, b = int({m['source_repr']!r}, {int(m['source_base'])}), {int(m['target_base'])}\n"
+        "digits = ''\nwhile n:\n    digits = '0123456789abcdefghijklmnopqrstuvwxyz'[n % b] + digits\n"
+        "    n //= b\nprint(digits or '0')"
     )
 
 
-def _factors(x: int) -> list[int]:
-    out, d = [], 2
-    while x > 1:
-        while x % d == 0:
-            out.append(d)
-            x //= d
-        d += 1
-    return out
+def _count_primes(m: Mapping[str, Any]) -> str:
+    lo, hi = int(m["start"]), int(m["end"])
+    return f"print(sum(k > 1 and all(k % d for d in range(2, k)) for k in range({lo}, {hi + 1})))"
 
 
-def _prime_factorization(rng: random.Random, n: int) -> Problem:
-    x = rng.randint(4, max(5, 4 * n))
-    code = (
-        f"n, d = {x}, 2\nf = []\nwhile n > 1:\n    while n % d == 0:\n        f.append(d)\n"
-        "        n //= d\n    d += 1\nprint(' x '.join(map(str, f)))"
-    )
-    return _problem(
-        "prime_factorization",
-        f"Write the prime factorization of {x} as its prime factors in increasing order joined by ' x '.",
-        " x ".join(map(str, _factors(x))),
-        code,
-    )
+def _letter_counting(m: Mapping[str, Any]) -> str:
+    return f"print({' '.join(m['span'])!r}.lower().count({m['target_letter']!r}))"
 
 
-def _base_conversion(rng: random.Random, n: int) -> Problem:
-    x = rng.randint(2, max(3, 4 * n))
-    name, spec = rng.choice([("binary", "b"), ("octal", "o"), ("hexadecimal", "x")])
-    return _problem(
-        "base_conversion",
-        f"Convert {x} to {name} (digits only, lowercase, no prefix).",
-        format(x, spec),
-        f"print(format({x}, '{spec}'))",
-    )
+def _word_sorting(m: Mapping[str, Any]) -> str:
+    reverse = m["direction"] == "descending"
+    return f"print(', '.join(sorted({list(m['transformed_words'])!r}, reverse={reverse})))"
 
 
-def _count_primes(rng: random.Random, n: int) -> Problem:
-    lo = rng.randint(2, n)
-    hi = lo + rng.randint(5, max(6, n))
-    count = sum(all(k % d for d in range(2, math.isqrt(k) + 1)) for k in range(lo, hi + 1))
-    code = f"print(sum(all(k % d for d in range(2, k)) for k in range({lo}, {hi + 1})))"
-    return _problem(
-        "count_primes", f"How many primes are there from {lo} to {hi} inclusive?", str(count), code
-    )
-
-
-def _letter_counting(rng: random.Random, n: int) -> Problem:
-    words = rng.sample(_WORDS, rng.randint(1, 3))
-    text = " ".join(words)
-    letter = rng.choice(sorted(set(text.replace(" ", ""))))
-    return _problem(
-        "letter_counting",
-        f"How many times does the letter '{letter}' appear in '{text}'?",
-        str(text.count(letter)),
-        f"print('{text}'.count('{letter}'))",
-    )
-
-
-def _word_sorting(rng: random.Random, n: int) -> Problem:
-    words = rng.sample(_WORDS, rng.randint(3, 5))
-    listed = ", ".join(words)
-    return _problem(
-        "word_sorting",
-        f"Sort these words alphabetically and list them separated by ', ': {listed}",
-        ", ".join(sorted(words)),
-        f"print(', '.join(sorted({words!r})))",
-    )
-
-
-def _problem(generator: str, question: str, answer: str, code: str) -> Problem:
-    if code.startswith("import math\n"):  # the mistake: the import forgotten
-        wrong = code.removeprefix("import math\n")
-    else:  # the mistake: a typo in print
-        i = code.rindex("print(")
-        wrong = code[:i] + "prnt(" + code[i + len("print(") :]
-    return Problem(generator, question, answer, code, wrong)
-
-
-GENERATORS: dict[str, Callable[[random.Random, int], Problem]] = {
-    "basic_arithmetic": _arithmetic,
+# The program that solves an item of each generator, from its metadata (reasoning-gym has none).
+PROGRAMS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "basic_arithmetic": lambda m: f"print({m['expression']})",
     "gcd": _gcd,
     "lcm": _lcm,
     "prime_factorization": _prime_factorization,
@@ -160,31 +111,62 @@ GENERATORS: dict[str, Callable[[random.Random, int], Problem]] = {
     "word_sorting": _word_sorting,
 }
 
-
-def _tokens(text: str) -> list[str]:
-    return [t for t in re.split(r"[\s,]+", text.strip().lower()) if t]
+GENERATORS: tuple[str, ...] = tuple(CONFIGS)
 
 
-def score_answer(generator: str, answer: str | None, truth: str) -> float:
-    """The generator's checker: 1.0 when ``answer`` is right, else 0.0. Numbers compare as integers,
-    a base conversion ignores case and a 0b/0o/0x prefix, a factorization compares its factors (any
-    order, 'x' or '*' between them), a word list compares the words in order."""
+def dataset_seed(seed: int, generator: str) -> int:
+    """The seed of ``generator``'s reasoning-gym dataset for the task seed ``seed``. reasoning-gym seeds
+    item ``i`` with ``seed + i``, so the two are hashed together: seeds 0 and 1 share no items."""
+    return random.Random(f"code|{seed}|{generator}").getrandbits(31)
+
+
+def _known(generator: str) -> None:
+    if generator not in CONFIGS:
+        raise ValueError(f"unknown generator {generator!r}; known: {sorted(CONFIGS)}")
+
+
+def make_dataset(generator: str, *, seed: int, size: int, max_number: int):
+    """reasoning-gym's dataset of ``generator`` with the task's config for ``max_number``."""
+    _known(generator)
+    # imported here: reasoning-gym imports all its generators (seconds), and loading params imports
+    # every task's params model, which reads GENERATORS
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(generator, seed=seed, size=size, **CONFIGS[generator](max_number))
+
+
+@cache
+def _scorer(generator: str):
+    # score_answer reads the item (its answer and metadata), not the dataset's config
+    return make_dataset(generator, seed=0, size=1, max_number=60)
+
+
+def score_answer(generator: str, answer: str | None, entry: Mapping[str, Any]) -> float:
+    """1.0 when reasoning-gym's ``score_answer`` of ``generator`` gives ``answer`` its full score on
+    ``entry`` (the item: ``question``, ``answer``, ``metadata``), else 0.0 (partial credit is 0: the
+    task is exact)."""
+    _known(generator)
     if answer is None:
         return 0.0
-    if generator not in GENERATORS:
-        raise ValueError(f"unknown generator {generator!r}; known: {sorted(GENERATORS)}")
-    a = answer.strip().lower()
-    if generator == "base_conversion":
-        return float(re.sub(r"^0[box]", "", a) == truth)
-    if generator == "prime_factorization":
-        got = sorted(re.split(r"\s*[x*]\s*", a))
-        return float(got == sorted(truth.split(" x ")))
-    if generator == "word_sorting":
-        return float(_tokens(a) == _tokens(truth))
-    try:
-        return float(int(a.replace(",", "")) == int(truth))
-    except ValueError:
-        return 0.0
+    item = {"question": entry.get("question", ""), "answer": entry["answer"], "metadata": entry["metadata"]}
+    return float(_scorer(generator).score_answer(answer.strip(), item) >= 1.0)
+
+
+def _problem(generator: str, index: int, item: Mapping[str, Any]) -> Problem:
+    code = PROGRAMS[generator](item["metadata"])
+    if code.startswith("import math\n"):  # the mistake: the import forgotten
+        wrong = code.removeprefix("import math\n")
+    else:  # the mistake: a typo in the last print
+        i = code.rindex("print(")
+        wrong = code[:i] + "prnt(" + code[i + len("print(") :]
+    metadata = json.loads(json.dumps(item["metadata"], default=str))  # JSON-safe (tuples as lists)
+    return Problem(generator, index, str(item["question"]), str(item["answer"]), metadata, code, wrong)
+
+
+def problem(generator: str, index: int, *, seed: int, max_number: int) -> Problem:
+    """Item ``index`` of ``generator``'s dataset for the task seed ``seed``, as a problem."""
+    data = make_dataset(generator, seed=dataset_seed(seed, generator), size=index + 1, max_number=max_number)
+    return _problem(generator, index, data[index])
 
 
 def expert_conversation(p: Problem) -> list[dict]:
@@ -219,26 +201,33 @@ def generate_splits(
 ) -> dict[str, pl.DataFrame]:
     """The three splits; a question appears in one split only. ``weak_per_question``: weaker
     demonstrations per train question on average (stored as a count per row)."""
-    unknown = sorted(set(mix) - set(GENERATORS))
+    unknown = sorted(set(mix) - set(CONFIGS))
     if unknown:
-        raise ValueError(f"tasks.code.mix: unknown generators {unknown}; known: {sorted(GENERATORS)}")
+        raise ValueError(f"tasks.code.mix: unknown generators {unknown}; known: {sorted(CONFIGS)}")
     names = [k for k, w in mix.items() if w > 0]
     if not names:
         raise ValueError("tasks.code.mix: every weight is 0; give at least one generator a weight > 0")
     rng = random.Random(seed)
     need = n_train + n_val + n_test
+    limit = 50 * need + 1000
+    datasets = {
+        k: make_dataset(k, seed=dataset_seed(seed, k), size=limit, max_number=max_number) for k in names
+    }
+    taken = dict.fromkeys(names, 0)  # items drawn from each dataset
     problems: list[Problem] = []
     seen: set[str] = set()
     attempts = 0
     while len(problems) < need:
         attempts += 1
-        if attempts > 50 * need + 1000:
+        if attempts > limit:
             raise ValueError(
                 f"tasks.code: only {len(problems)} distinct problems of {need} found; raise max_number "
                 f"({max_number}) or lower prepare.n_train/n_val/n_test"
             )
         name = rng.choices(names, weights=[mix[k] for k in names])[0]
-        p = GENERATORS[name](rng, max_number)
+        index = taken[name]
+        taken[name] += 1
+        p = _problem(name, index, datasets[name][index])
         if p.question not in seen:
             seen.add(p.question)
             problems.append(p)
@@ -262,8 +251,10 @@ def generate_splits(
                 "split": [split] * n,
                 "n_calls": [1] * n,
                 "generator": [p.generator for p in chunk],
+                # reasoning-gym's metadata of the item (JSON; its source_index is the item's index)
+                "metadata": [encode(p.metadata) for p in chunk],
                 "weak": [encode([weak_conversation(p)] * k) for p, k in zip(chunk, weak)],
             },
-            schema_overrides={"n_calls": pl.Int64},
+            schema_overrides={"n_calls": pl.Int64, "metadata": pl.String},
         )
     return out

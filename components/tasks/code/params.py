@@ -19,11 +19,12 @@ SANDBOX_FILE = "sandbox.json"  # the sandbox settings prepare saves beside the s
 
 
 class CodeParams(TaskParams):
-    # Weight of each generator in the mix (a problem's generator is drawn with these weights; 0 or
-    # absent = not used): basic_arithmetic, gcd, lcm, prime_factorization, base_conversion,
-    # count_primes, letter_counting, word_sorting.
+    # Weight of each of reasoning-gym's generators in the mix (a problem's generator is drawn with
+    # these weights; 0 or absent = not used): basic_arithmetic, gcd, lcm, prime_factorization,
+    # base_conversion, count_primes, letter_counting, word_sorting.
     mix: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(GENERATORS, 1.0))
-    # Size of the numbers in a question (operands, ranges; a factorised number is up to 4x this).
+    # Size of the numbers in a question, set in each generator's reasoning-gym config (operands up to
+    # this, a counted range up to 2x, a factorised or converted number up to 4x).
     max_number: int = Field(60, ge=10, le=10**6)
     # Weaker demonstrations per train question on average: a first program with a mistake (NameError),
     # its error, the fixed program, the answer (0 = the expert's only).

@@ -11,11 +11,12 @@ from components.envs.parsing import format_tool_call
 from components.envs.registry import get_task, get_tool
 from components.tasks.code import CodeEnv, PythonTool
 
-ROW = {
+ROW = {  # an item of reasoning-gym's gcd generator
     "id": "t-0",
-    "question": "What is the greatest common divisor of 84 and 36?",
+    "question": "Find the Greatest Common Divisor (GCD) of these numbers: 84, 36. Give only the GCD as your final answer.",
     "answer": "12",
     "generator": "gcd",
+    "metadata": json.dumps({"source_dataset": "gcd", "source_index": 0, "numbers": [84, 36], "result": 12}),
 }
 
 
@@ -62,9 +63,10 @@ def test_malformed_call_is_feedback(env):
     assert env.step("12").info["format_error"]  # no <answer>: not well formed
 
 
-def test_a_row_without_generator_is_refused(sandbox):
-    with pytest.raises(KeyError, match="generator"):
-        CodeEnv(PythonTool(sandbox)).reset({k: v for k, v in ROW.items() if k != "generator"})
+@pytest.mark.parametrize("column", ["generator", "metadata"])
+def test_a_row_without_generator_or_metadata_is_refused(sandbox, column):
+    with pytest.raises(KeyError, match=column):
+        CodeEnv(PythonTool(sandbox)).reset({k: v for k, v in ROW.items() if k != column})
 
 
 def test_recipe_registered_with_its_tool(tmp_path):
