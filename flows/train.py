@@ -122,7 +122,7 @@ def fingerprint(
     critic = critic if resolved(params, algo)["critic"] is not None else None
     return {
         "critic_sha256": file_digest(critic) if critic is not None else None,
-        "algo": params.algorithms[algo].model_dump(),
+        "algo": _algo_fingerprint(params, algo),
         "train": params.train.model_dump(
             exclude={"iterations", "val_every", "val_samples", "val_temperatures"}
         ),
@@ -139,6 +139,15 @@ def fingerprint(
         # only when on, so a run without LoRA keeps the fingerprint it had before model.lora existed
         **({"lora": params.model.lora.model_dump()} if params.model.lora.enabled else {}),
     }
+
+
+def _algo_fingerprint(params: Params, algo: str) -> dict:
+    """The algorithm's block, without the off-policy correction's keys when it has none, so a run
+    without a correction keeps the fingerprint it had before algorithms.<name>.correction existed."""
+    block = params.algorithms[algo].model_dump()
+    if block["correction"] == "none":
+        del block["correction"], block["correction_cap"]
+    return block
 
 
 def prompts_per_iteration(params: Params, algo: str) -> int:

@@ -40,3 +40,21 @@ def test_fingerprint_changes_with_the_tasks_own_settings(tmp_path):
     calc = {**RAW["tasks"]["calc"], "max_operand": 50}
     switched = parse_params({**RAW, "tasks": {**RAW["tasks"], "calc": calc}})
     assert fingerprint(base, "grpo", sft, split) != fingerprint(switched, "grpo", sft, split)
+
+
+def test_a_run_without_an_off_policy_correction_keeps_its_fingerprint(tmp_path):
+    """algorithms.<name>.correction none (the default): the algorithm's block is what it was before the
+    correction keys existed, so a run in progress resumes; a correction starts the run afresh."""
+    split = tmp_path / "train.parquet"
+    split.write_bytes(b"rows")
+    sft = _sft(tmp_path / "a", b"\x00" * 64)
+    base = fingerprint(parse_params(RAW), "grpo", sft, split)
+    assert not {"correction", "correction_cap"} & set(base["algo"])
+    grpo = {**RAW["algorithms"]["grpo"], "correction": "tis"}
+    raw = {
+        **RAW,
+        "algorithms": {**RAW["algorithms"], "grpo": grpo},
+        "train": {**RAW["train"], "old_logprobs": "recompute"},
+    }
+    tis = fingerprint(parse_params(raw), "grpo", sft, split)
+    assert tis["algo"]["correction"] == "tis" and tis["algo"]["correction_cap"] == 2.0
