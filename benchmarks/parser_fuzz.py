@@ -1,6 +1,6 @@
 """Random hostile model output through every tool-call parser: crashes, hangs, oversized feedback.
 
-    python benchmarks/parser_fuzz.py [--cases 100000] [--seed 0] [--parsers hermes,mistral]
+    python benchmarks/parser_fuzz.py [--cases 100000] [--seed 0] [--parsers hermes,mistral] [--start 0]
 
 Each case joins 1-6 random fragments: every format's call markup (whole, cut at a random point, with
 its JSON or XML body broken), valid calls of known and unknown tools, wrong argument types, deep
@@ -10,6 +10,8 @@ Python's digit limit, and random bytes decoded as text. Each case goes through t
 cases, crashes (the parser raised; must be 0), results that break the contract (feedback longer than
 ``_MAX_FEEDBACK`` characters, more than max_calls + 1 entries, a final answer that holds calls: must be
 0), the count of finals / valid calls / errors, the slowest case in ms, and the wall time.
+``--start K`` runs cases K .. K + cases - 1 of the seed's sequence (the texts do not depend on how the
+run is split), so several processes can share one run: their counts add up.
 """
 
 from __future__ import annotations
@@ -210,8 +212,9 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parsers", default=",".join(TOOL_PARSERS), help="comma-separated names")
+    ap.add_argument("--start", type=int, default=0, help="the first case of the seed's sequence to run")
     args = ap.parse_args()
-    texts = hostile_texts(args.seed, args.cases)
+    texts = hostile_texts(args.seed, args.start + args.cases)[args.start :]
     bad = 0
     for name in args.parsers.split(","):
         r = fuzz(name, texts)

@@ -79,7 +79,6 @@ OVERRIDE = {
     "algorithms": {"grpo": {"samples_per_prompt": 8}},
     "compare": {"algorithms": ["grpo"], "seeds": [0]},
 }
-RUN = "grpo-s0"
 TASKS = ("rollout", "score", "advantage", "update", "sync")
 
 
@@ -240,7 +239,9 @@ def measure(
     sets: list[str],
     overlay: list[str] = (),
     reuse: Path | None = None,
+    algo: str = "grpo",
 ) -> dict:
+    """One copy's figures; ``algo``: the algorithm its train stage runs (run ``<algo>-s0``)."""
     skipped = prepare_copy(tree, commit, iterations, sets, overlay)
     log = tree / "benchmark.log"
     stages = {}
@@ -252,9 +253,9 @@ def measure(
             stages[stage] = run_stage(tree, ["-m", f"flows.{stage}"], threads, log)
     # Before RL seeds existed (e.g. 4475d3e) the run was runs/grpo, started without --rl-seed.
     seeded = "--rl-seed" in (tree / "flows" / "train.py").read_text()
-    run = RUN if seeded else "grpo"
+    run = f"{algo}-s0" if seeded else algo
     seed_args = ["--rl-seed", "0"] if seeded else []
-    stages["train"] = run_stage(tree, ["-m", "flows.train", "--algo", "grpo", *seed_args], threads, log)
+    stages["train"] = run_stage(tree, ["-m", "flows.train", "--algo", algo, *seed_args], threads, log)
     params = yaml.safe_load((tree / "params.yaml").read_text())
     recompute = params["train"].get("old_logprobs", "recompute") == "recompute"
     precision = resolve_train_dtype(params.get("deepspeed", {}).get("dtype", "fp32"))
