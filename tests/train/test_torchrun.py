@@ -4,8 +4,9 @@
   (``--nnodes 2 --node-rank n --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<free port>``, one rank
   each, each in a working directory of its own) run tests/train/torchrun_world.py: rank 0 through
   ``launch.local_world`` (which spawns nothing under torchrun), rank 1 through ``torchrun.run_rank``,
-  one SFT step of the tiny model (test_data_parallel's ``_step``). The weights equal world size 1's
-  (train_helpers.assert_weights_match, test_data_parallel's tolerance), the loss to 1e-6. The
+  one SFT step of the tiny model (tests/train/rank_worlds.py's ``step``). The weights equal world size
+  1's (its ``sft`` case in conftest's ``rank_worlds``, shared with test_data_parallel;
+  train_helpers.assert_weights_match, test_data_parallel's tolerance), the loss to 1e-6. The
   two-agent case is slow (about 6.5 minutes at load average 10 on 2 cores; the standalone one 4.3).
 - A rank killed (SIGKILL) stops the other: torchrun exits non-zero with its failure table naming the
   rank (``ChildFailedError``), and no rank is left running.
@@ -33,7 +34,6 @@ from train_helpers import RL_ENGINE_KW, assert_weights_match
 
 from components.dist_env import WORLD_VARS
 from components.train.distributed import free_port
-from components.train.launch import run_local
 from components.train.torchrun import NodeError, Torchrun, differences, disagreements
 
 SCRIPT = Path(__file__).with_name("torchrun_world.py")
@@ -77,31 +77,24 @@ def _stopped_after(procs: list[subprocess.Popen]) -> Iterator[None]:
                 p.wait()
 
 
-def _one_rank(tmp_path: Path) -> dict:
-    from test_data_parallel import _step
-
-    run_local(1, _step, ("sft", str(tmp_path / "one.pt"), -1))
-    return torch.load(tmp_path / "one.pt")
-
-
-def _same_as_one_rank(tmp_path: Path, out: Path) -> None:
-    one, two = _one_rank(tmp_path), torch.load(out)
+def _same_as_one_rank(rank_worlds, out: Path) -> None:
+    one, two = rank_worlds.get(1)["sft"], torch.load(out)
     assert_weights_match(two["weights"], one["weights"], lr=RL_ENGINE_KW["lr"], steps=1)
     assert two["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=1e-6)
 
 
-def test_torchrun_standalone_two_ranks_give_the_weights_of_one_rank(tmp_path) -> None:
+def test_torchrun_standalone_two_ranks_give_the_weights_of_one_rank(tmp_path, rank_worlds) -> None:
     out = tmp_path / "weights.pt"
     proc = _torchrun(["--standalone", "--nproc-per-node", "2"], ["sft", str(out)], tmp_path / "run")
     with _stopped_after([proc]):
         log = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, log[-4000:]
     assert "rank 0: done" in log and "rank 1: done" in log, log[-4000:]
-    _same_as_one_rank(tmp_path, out)
+    _same_as_one_rank(rank_worlds, out)
 
 
 @pytest.mark.slow  # three torchrun processes and two ranks, each importing DeepSpeed: minutes on 2 busy cores
-def test_two_torchrun_agents_as_two_nodes_give_the_weights_of_one_rank(tmp_path) -> None:
+def test_two_torchrun_agents_as_two_nodes_give_the_weights_of_one_rank(tmp_path, rank_worlds) -> None:
     port, out = free_port(), tmp_path / "node0" / "weights.pt"
     summary = json.dumps({"params": {"lr": 0.01}})
     procs = [
@@ -117,7 +110,7 @@ def test_two_torchrun_agents_as_two_nodes_give_the_weights_of_one_rank(tmp_path)
         logs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(log[-3000:] for log in logs)
     assert not (tmp_path / "node1" / "weights.pt").exists()  # rank 1 wrote nothing of rank 0's
-    _same_as_one_rank(tmp_path, out)
+    _same_as_one_rank(rank_worlds, out)
 
 
 def test_a_killed_rank_stops_the_world_with_torchrun_s_failure_table(tmp_path) -> None:

@@ -3,7 +3,7 @@
 ``torchrun ... torchrun_world.py WHAT OUT [SUMMARY_JSON]``: rank 0 enters
 components.train.launch.local_world (under torchrun it spawns nothing: components.train.torchrun
 .as_rank_0), every other rank runs components.train.torchrun.run_rank, as the sft and train stages
-do. WHAT is ``sft``, one SFT step of the tiny model (tests/train/test_data_parallel.py's ``_step``:
+do. WHAT is ``sft``, one SFT step of the tiny model (tests/train/rank_worlds.py's ``step``:
 every rank the same batch, each its share of the micro-batches; rank 0 saves the weights to OUT),
 or ``wait``: every rank prints ``READY <rank> <pid>`` and rank 1 waits in a broadcast while rank 0
 runs Python code, until something is killed. SUMMARY_JSON is what this process posts for the
@@ -17,16 +17,16 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))  # train_helpers, test_data_parallel
+sys.path.insert(0, str(Path(__file__).parent))  # train_helpers, rank_worlds
 
 
 def _rank(rank: int, what: str, out: str) -> None:
     import torch.distributed as dist
 
     if what == "sft":
-        from test_data_parallel import _step
+        from rank_worlds import step
 
-        _step(rank, "sft", out, drop_rank=-1)
+        step(rank, "sft", out, drop_rank=-1)
         return
     from components.train.distributed import init_distributed
 
