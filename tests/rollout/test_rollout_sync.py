@@ -1,6 +1,9 @@
-"""vLLM rollout engine: log-probs equal the trainer's, before and right after an in-place weight sync."""
+"""vLLM rollout engine: log-probs equal the trainer's, before and right after an in-place weight sync,
+and after a sync of a LoRA actor's merged weights (components.train.lora). One engine for the module."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -9,6 +12,7 @@ from components.model.tiny import save_hf
 from components.model.tokenizer import build_tokenizer
 from components.rollout import EngineSettings, SamplingConfig
 from components.rollout.factory import make_engine
+from components.train.lora import LoraSettings, add_lora, merged_state_dict
 from components.train.policy import make_token_batch, response_logprobs
 from tests.tiny_vllm_models import noisy_tiny_model, perturb
 
@@ -80,3 +84,27 @@ def test_n_samples_per_prompt(setup):
     assert len({tuple(g.token_ids) for g in out[0]}) > 1
     for g in out[0]:
         assert len(g.token_ids) == len(g.logprobs) and g.finish_reason in ("stop", "length")
+
+
+def test_merged_lora_weights_give_vllm_the_trainers_logprobs(setup):
+    """vLLM gets a LoRA actor's merged weights: its log-probs equal the trainer's (adapters on)."""
+    tok, model, engine = setup
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    peft_model = add_lora(copy.deepcopy(model), LoraSettings(rank=4, alpha=8.0, target_modules=targets))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # "trained" adapters: B is 0 at the start
+        for name, p in peft_model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    trainer = peft_model.get_base_model().eval()
+    try:
+        stale, _ = _max_diff(tok, trainer, engine, seed=1)  # the engine holds the module's model
+        assert stale > 10 * TOL, "the test cannot tell the base weights from the merged ones"
+        engine.sync_weights(merged_state_dict(peft_model))
+        after, _ = _max_diff(tok, trainer, engine, seed=1)
+        print(
+            f"max |logp_vllm - logp_trainer| with LoRA: stale {stale:.2e}, after the merged sync {after:.2e}"
+        )
+        assert after <= TOL
+    finally:  # the module's other tests (in any order) find the engine holding the module's model
+        engine.sync_weights(model.state_dict())

@@ -1,10 +1,15 @@
 """vLLM in a process of its own beside a 2-rank trainer world (the multi-rank train stage's engine).
 
 In a fresh process (vLLM caches its environment once an in-process engine has started), rank 0 of a
-2-rank gloo world starts a vLLM engine with ``EngineSettings(own_process=True)``: the trainer's world is untouched (rank 1
-still meets rank 0 in a barrier afterwards), the engine is vLLM's multiprocessing client, and its
-log-probs equal the trainer's before an "update", differ after it (stale weights), and equal them again
-after the weight sync through a safetensors file (components.rollout.vllm_worker).
+2-rank gloo world starts a vLLM engine with ``EngineSettings(own_process=True)``: the trainer's world
+is untouched (rank 1 still meets rank 0 in a barrier afterwards), the engine is vLLM's
+multiprocessing client, and its log-probs equal the trainer's before an "update", differ after it
+(stale weights), and equal them again after the weight sync through a safetensors file
+(components.rollout.vllm_worker): tests/tiny_vllm_models.sync_check.
+
+Slow: the default run makes the same check (the same sync_check, the same assertions) in
+tests/train/test_rank_faults.py::test_own_process_vllm_syncs_beside_two_ranks_and_ends_with_a_killed_rank_0,
+whose world and vLLM engine then serve the kill of rank 0: one vLLM start for both.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 
 from components.train.launch import run_local
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TOL = 1e-3  # as tests/rollout/test_rollout_sync.py
 
@@ -26,23 +31,6 @@ def _follower(rank: int) -> None:
     torch.distributed.barrier()
 
 
-def _max_diff(tok, model, engine, seed: int) -> float:
-    from components.rollout import SamplingConfig
-    from components.train.policy import make_token_batch, response_logprobs
-
-    prompts = [tok.encode(f"add {a} and") for a in (3, 17, 42, 99)]
-    gens = engine.generate(
-        prompts, SamplingConfig(max_tokens=24, temperature=1.0), seeds=[seed + i for i in range(4)]
-    )
-    batch = make_token_batch(prompts, [g[0].token_ids for g in gens], pad_id=tok.pad_token_id)
-    with torch.no_grad():
-        logp, _ = response_logprobs(model, batch)
-    return max(
-        float((logp[i, : len(g[0].logprobs)] - torch.tensor(g[0].logprobs)).abs().max())
-        for i, g in enumerate(gens)
-    )
-
-
 def _leader(rank: int, workdir: str, out: str) -> None:
     from components.model.tiny import save_hf
     from components.model.tokenizer import build_tokenizer
@@ -50,24 +38,17 @@ def _leader(rank: int, workdir: str, out: str) -> None:
     from components.rollout.factory import make_engine
     from components.train.distributed import init_distributed
     from components.train.launch import local_world
-    from tests.tiny_vllm_models import noisy_tiny_model, perturb
+    from tests.tiny_vllm_models import noisy_tiny_model, sync_check
 
     corpus = [f"<|im_start|>user\nadd {a} and {a * 7}<|im_end|>\n" for a in range(300)]
     tok = build_tokenizer(corpus, vocab_size=400)
     model = noisy_tiny_model(tok, max_position_embeddings=256, scale=0.1).eval()
     path = save_hf(model, tok, f"{workdir}/m")
-    result = {}
     with local_world(2, _follower):
         init_distributed()
         settings = EngineSettings("vllm", max_model_len=256, seed=0, own_process=True)
         engine = make_engine(settings, str(path), stop_token_ids=[tok.eos_token_id])
-        result["client"] = type(engine.llm.llm_engine.engine_core).__name__
-        result["before"] = _max_diff(tok, model, engine, 1)
-        perturb(model, 0.05, 1)
-        result["stale"] = _max_diff(tok, model, engine, 2)
-        engine.sync_weights(model.state_dict())
-        result["after"] = _max_diff(tok, model, engine, 2)
-        result["world"] = torch.distributed.get_world_size()
+        result = sync_check(engine, tok, model)
         engine.close()
         torch.distributed.barrier()  # rank 1 is still in the trainer's world
     torch.save(result, out)

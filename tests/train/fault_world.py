@@ -10,7 +10,11 @@ When everything is up it prints ``READY <json>`` (the pids) and then, as the sce
 - ``collective``: rank 0 waits in a barrier that rank 1 (asleep) never enters, so that rank 1's
   death fails rank 0's collective (the peer's socket closes) as the watch sees the process end;
 - ``vllm``: as ``rollout``, with an own-process vLLM engine generating (the train stage's), built
-  from a tiny model in the directory given as the second argument.
+  from a tiny model in the directory given as the second argument. Before READY, rank 0 checks the
+  engine against the trainer's model (tests/tiny_vllm_models.sync_check, the check of
+  tests/rollout/test_vllm_own_process.py, in the same world: one vLLM start for both) and prints
+  ``SYNC <json>``; then rank 1 meets rank 0 in a second barrier (the trainer's world is
+  untouched by the engine).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ def _follower(rank: int, scenario: str) -> None:
         raise ValueError("a follower's own error")
     if scenario == "collective":
         time.sleep(600)
+    if scenario == "vllm":
+        dist.barrier()  # after rank 0's sync check
     box = [None]
     dist.broadcast_object_list(box, src=0)  # the next mirrored call, which never comes
 
@@ -52,7 +58,7 @@ def _engine(workdir: str):
     path = save_hf(model, tok, f"{workdir}/m")
     settings = EngineSettings("vllm", max_model_len=256, seed=0, own_process=True)
     engine = make_engine(settings, str(path), stop_token_ids=[tok.eos_token_id])
-    return engine, [tok.encode(f"add {a} and") for a in range(32)]
+    return engine, tok, model
 
 
 def main(scenario: str, workdir: str | None = None) -> None:
@@ -61,6 +67,7 @@ def main(scenario: str, workdir: str | None = None) -> None:
     from components.train import rank_watch
     from components.train.distributed import init_distributed
     from components.train.launch import local_world
+    from tests.tiny_vllm_models import sync_check
 
     if scenario == "blocked":
         rank_watch.STOP_GRACE_S = 3.0
@@ -69,7 +76,10 @@ def main(scenario: str, workdir: str | None = None) -> None:
         torch.distributed.barrier()
         engine = prompts = None
         if scenario == "vllm":
-            engine, prompts = _engine(workdir)
+            engine, tok, model = _engine(workdir)
+            print("SYNC " + json.dumps(sync_check(engine, tok, model)), flush=True)
+            torch.distributed.barrier()  # rank 1 is still in the trainer's world
+            prompts = [tok.encode(f"add {a} and") for a in range(32)]
         me = psutil.Process()
         follower = [p.pid for p in me.children() if "spawn_main" in " ".join(p.cmdline())]
         print("READY " + json.dumps({"rank0": os.getpid(), "followers": follower}), flush=True)

@@ -75,36 +75,55 @@ def _split(module: torch.nn.Module) -> tuple[dict, dict]:
     return frozen, trained
 
 
-def test_only_the_adapters_and_the_value_head_train_and_the_reference_is_the_base(init_dir):
+@pytest.fixture(scope="module")
+def updated(init_dir):
+    """A LoRA session before and after one update (rows of seed 0), and what the update changed;
+    the session is then the module's: test_the_rollout_engine_... goes on from it."""
     session = _session(init_dir)
     actor, critic = session.actor.module, session.critic.module
-    frozen, trained = _split(actor)
-    c_frozen, c_trained = _split(critic)
-    assert session.ref is None  # no second copy of the weights
+    out = {"session": session, "ref": session.ref}
+    out["frozen"], out["trained"] = _split(actor)
+    out["c_frozen"], out["c_trained"] = _split(critic)
+    out["in_opt"] = sum(p.numel() for g in session.actor.optimizer.param_groups for p in g["params"])
+    out["rows"] = rows = _rows(session, seed=0)
+    out["base_logp"] = _logprobs(tiny_model(), rows)
+    out["metrics"] = session.update(rows, actor=ACTOR, critic=CRITIC, seed=0)
+    out["actor_after"] = {k: p.detach().clone() for k, p in actor.named_parameters()}
+    out["critic_after"] = {k: p.detach().clone() for k, p in critic.named_parameters()}
+    out["critic_score"] = critic.score.weight.detach().clone()
+    out["again"] = session.annotate(rows)
+    out["trainer_logp"] = _logprobs(actor, rows)
+    yield out
+    session.close()
+
+
+def test_only_the_adapters_and_the_value_head_train_and_the_reference_is_the_base(updated):
+    frozen, trained, c_frozen, c_trained = (
+        updated[k] for k in ("frozen", "trained", "c_frozen", "c_trained")
+    )
+    rows = updated["rows"]
+    assert updated["ref"] is None  # no second copy of the weights
     assert set(trained) and all(".lora_A." in k or ".lora_B." in k for k in trained)
     assert set(c_trained) == {k for k in c_trained if ".lora_" in k or "score.modules_to_save" in k}
     assert any("score.modules_to_save" in k for k in c_trained)
     # the optimizer holds the adapters alone: 4 (in + out) per adapted layer, 2 layers x 7 targets
-    in_opt = sum(p.numel() for g in session.actor.optimizer.param_groups for p in g["params"])
     assert (
-        in_opt
+        updated["in_opt"]
         == sum(v.numel() for v in trained.values())
         == 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128))
     )
-    rows = _rows(session, seed=0)
-    base_logp = _logprobs(tiny_model(), rows)
-    for r, ref in zip(rows, base_logp):  # the reference is the base model: the actor, adapters off
+    for r, ref in zip(rows, updated["base_logp"]):  # the reference is the base model: the actor, adapters off
         assert r["ref_logprobs"] == pytest.approx(ref[: len(r["response_ids"])].tolist(), abs=1e-6)
-    metrics = session.update(rows, actor=ACTOR, critic=CRITIC, seed=0)
+    metrics = updated["metrics"]
     assert metrics["actor/skipped"] == 0.0 and metrics["critic/skipped"] == 0.0
     for k, v in frozen.items():  # the base's checksum: every frozen weight bit-identical
-        assert torch.equal(dict(actor.named_parameters())[k], v), k
+        assert torch.equal(updated["actor_after"][k], v), k
     for k, v in c_frozen.items():
-        assert torch.equal(dict(critic.named_parameters())[k], v), k
-    moved = [k for k, v in trained.items() if not torch.equal(dict(actor.named_parameters())[k], v)]
+        assert torch.equal(updated["critic_after"][k], v), k
+    moved = [k for k, v in trained.items() if not torch.equal(updated["actor_after"][k], v)]
     assert any(".lora_B." in k for k in moved)  # B starts at 0; one Adam step moves it by about lr
-    assert not torch.equal(critic.score.weight, c_trained["score.modules_to_save.default.weight"])
-    again = session.annotate(rows)
+    assert not torch.equal(updated["critic_score"], c_trained["score.modules_to_save.default.weight"])
+    again = updated["again"]
     assert [r["ref_logprobs"] for r in again] == [r["ref_logprobs"] for r in rows]  # still the base
     assert (
         max(abs(a - b) for r, s in zip(again, rows) for a, b in zip(r["old_logprobs"], s["old_logprobs"]))
@@ -112,11 +131,11 @@ def test_only_the_adapters_and_the_value_head_train_and_the_reference_is_the_bas
     )  # the actor moved
 
 
-def test_the_rollout_engine_and_final_get_the_merged_weights_and_resume_repeats_the_run(init_dir, tmp_path):
-    session = _session(init_dir)
-    rows = _rows(session, seed=1)
-    session.update(rows, actor=ACTOR, critic=CRITIC, seed=0)
-    trainer = _logprobs(session.actor.module, rows)
+def test_the_rollout_engine_and_final_get_the_merged_weights_and_resume_repeats_the_run(
+    init_dir, updated, tmp_path
+):
+    """From the module's session after its one update (a session of its own cost a DeepSpeed start)."""
+    session, rows, trainer = updated["session"], updated["rows"], updated["trainer_logp"]
     assert (trainer - _logprobs(tiny_model(), rows)).abs().max() > 1e-4  # the adapters changed something
 
     weights = session.actor_weights()
@@ -153,7 +172,6 @@ def test_the_rollout_engine_and_final_get_the_merged_weights_and_resume_repeats_
         b = dict(getattr(resumed, name).module.named_parameters())
         for k in a:
             torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=f"{name} {k}")
-    session.close()
     resumed.close()
 
 

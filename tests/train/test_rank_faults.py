@@ -47,11 +47,14 @@ class World:
                 start_new_session=True,
             )
         self.pids: dict = {}
+        self.sync: dict = {}  # the vllm scenario's weight-sync check
         self.tree: list[psutil.Process] = []
 
     def ready(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         for line in self.proc.stdout:
+            if line.startswith("SYNC "):
+                self.sync = json.loads(line[len("SYNC ") :])
             if line.startswith("READY "):
                 self.pids = json.loads(line[len("READY ") :])
                 self.tree = psutil.Process(self.proc.pid).children(recursive=True)
@@ -166,10 +169,25 @@ def test_ctrl_c_stops_the_world_from_rank_0_without_blaming_a_follower(world) ->
     assert w.left_behind(within=10.0) == []
 
 
+TOL = 1e-3  # as tests/rollout/test_rollout_sync.py: fp32, max |logp_vllm - logp_trainer|
+
+
 @pytest.mark.vllm
-def test_killing_rank_0_ends_its_follower_and_vllms_own_process(world, tmp_path) -> None:
+def test_own_process_vllm_syncs_beside_two_ranks_and_ends_with_a_killed_rank_0(world, tmp_path) -> None:
+    """Rank 0 of a 2-rank gloo world starts vLLM with ``EngineSettings(own_process=True)`` (the
+    multi-rank train stage's engine): the trainer's world is untouched (rank 1 meets rank 0 in a
+    barrier afterwards), the engine is vLLM's multiprocessing client, and its log-probs equal the
+    trainer's before an "update", differ after it (stale weights), and equal them again after the
+    weight sync through a safetensors file (components.rollout.vllm_worker). Then rank 0, killed
+    mid-generation, leaves neither its follower nor vLLM's processes behind."""
     w = world("vllm", str(tmp_path))
     w.ready(timeout=600)
+    r = w.sync
+    print(r)
+    assert r["client"] != "InprocClient" and r["world"] == 2, r
+    assert r["before"] <= TOL, r
+    assert r["stale"] > 10 * TOL, f"the test cannot tell stale weights from synced ones: {r}"
+    assert r["after"] <= TOL, r
     names = sorted(p.name() for p in w.tree)
     assert any("EngineCore" in n for n in names) and any("Worker" in n for n in names), names
     time.sleep(2.0)  # mid-generation
