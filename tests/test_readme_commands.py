@@ -20,7 +20,7 @@ PLACEHOLDER = re.compile(r"<(?=[\w.])[^<>\n]*(?<=[\w.])>")
 SEPARATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;"}
 KEYWORDS = {"do", "then", "else", "!", "time"}
 # The tools steprl is driven with (installed into .venv by `make setup`) and shell builtins.
-TOOLS = {"dvc", "mlflow", "prefect", "git", "torchrun", "pytest", "ruff", "honcho"}
+TOOLS = {"dvc", "mlflow", "prefect", "git", "torchrun", "pytest", "ruff", "honcho", "uv", "vf-eval"}
 BUILTINS = {"cd", "source", ".", "export", "eval", "echo", "cat", "wait", "kill", "for", "done", "[", "ls"}
 PYTHONS = {"python", "python3", "python3.11"}
 MAKE_OPTIONS_WITH_ARG = {"-o", "-C", "-f", "-j", "-W", "-I"}
