@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -68,6 +69,16 @@ def event_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="verifiers-loop", daemon=True).start()
             _LOOP = loop
         return _LOOP
+
+
+@functools.cache
+def _version() -> Any:
+    """verifiers' version stamp of a trace, once (its default factory runs ``git rev-parse`` per trace)."""
+    import verifiers
+    from verifiers.v1.trace import VersionInfo
+    from verifiers.v1.utils.version import verifiers_commit
+
+    return VersionInfo(version=verifiers.__version__, commit=verifiers_commit())
 
 
 class EnvFault(Exception):
@@ -296,6 +307,7 @@ class VerifiersEnv(AgentEnv):
         trace = vf.Trace(
             task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
             agent=AgentInfo(config=vf.AgentConfig(), name=self._loaded.seat),
+            verifiers=_version(),
         )
         loop = event_loop()
         inbox = asyncio.run_coroutine_threadsafe(self._make_inbox(), loop).result()

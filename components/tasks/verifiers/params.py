@@ -2,8 +2,9 @@
 
 Validating the section imports nothing (every params load validates every ``tasks.*`` section present):
 the environment is loaded, and bad input refused, when prepare or an environment first needs it
-(``components.tasks.verifiers.loader.load``). The last validated section names the environment whose
-tools :func:`components.tasks.verifiers.tools` lists (the recipe's ``tools()`` takes no arguments).
+(``components.tasks.verifiers.loader.load``). The last validated section is the one whose
+environment's tools the recipe's ``tools()`` lists (it takes no arguments), and the one ``make_env``
+builds without a prepare output.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class VerifiersParams(TaskParams):
 
     @model_validator(mode="after")
     def _remember(self) -> VerifiersParams:
-        _CURRENT.update(env=self.env, args=dict(self.args))
+        _CURRENT["section"] = self
         return self
 
     def turns_needed(self) -> int | None:
@@ -51,6 +52,6 @@ class VerifiersParams(TaskParams):
         return True
 
 
-def current() -> tuple[str, dict[str, Any]]:
-    """(env, args) of the last validated section (the defaults when none was)."""
-    return _CURRENT.get("env", DEFAULT_ENV), dict(_CURRENT.get("args", {}))
+def current() -> VerifiersParams:
+    """The last validated section (the defaults when none was)."""
+    return _CURRENT.get("section") or VerifiersParams()

@@ -168,8 +168,7 @@ def _params(data_dir: str | Path | None) -> VerifiersParams:
     """The section prepare ran with (``data_dir/verifiers.json``), else the last validated one."""
     if data_dir is not None and (Path(data_dir) / SETTINGS_FILE).is_file():
         return VerifiersParams.model_validate(json.loads((Path(data_dir) / SETTINGS_FILE).read_text()))
-    env, args = current()
-    return VerifiersParams(env=env, args=args)
+    return current()
 
 
 def make_env(
@@ -187,8 +186,8 @@ def make_env(
 
 def tools() -> list[dict[str, Any]]:
     """The tools of the environment named by the last validated ``tasks.verifiers`` section."""
-    env, args = current()
-    return load(env, args).tool_schemas()
+    p = current()
+    return load(p.env, p.args).tool_schemas()
 
 
 def initial_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
