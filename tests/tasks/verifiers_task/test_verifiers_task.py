@@ -188,9 +188,9 @@ def test_a_task_without_a_needed_column_is_named_with_its_row():
 
 
 def test_taskset_args_are_validated_naming_the_key():
-    with pytest.raises(ValueError, match=r"tasks.verifiers.args: .*secrets"):
+    with pytest.raises(ValueError, match=r"(?s)tasks.verifiers.args: .*secrets"):
         load(GUESS, {"secrets": "many"})
-    with pytest.raises(ValueError, match=r"tasks.verifiers.args: .*no_such_key"):
+    with pytest.raises(ValueError, match=r"(?s)tasks.verifiers.args: .*no_such_key"):
         load(GUESS, {"no_such_key": 1})
 
 
