@@ -56,8 +56,18 @@ def test_an_unknown_case_is_named_with_the_known_ones():
 
 def _make_n(*args: str) -> str:
     """The last command ``make -n`` prints (the target's own, after setup's)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "CASES")}
-    out = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    # under `make test` (CI) the parent's MAKELEVEL/MAKEFLAGS would make this make print "Entering /
+    # Leaving directory" lines around the commands
+    drop = ("MODEL", "CASES", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    out = subprocess.run(
+        ["make", "-n", "--no-print-directory", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
