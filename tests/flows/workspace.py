@@ -29,7 +29,9 @@ TINY = {
     },
     "sft": {"steps": 4, "batch_size": 8, "micro_batch_size": 4, "warmup_steps": 1, "rows": 32},
     "rollout": {"max_steps": 3, "max_response_len": 48},
-    "evaluate": {"max_samples": 8},
+    # both sampled protocols (params.yaml plays T=0.4 only since issue 72): the T=1 one also fills the
+    # flat sampled_accuracy / pass_at_k of the eval files and MLflow
+    "evaluate": {"max_samples": 8, "temperatures": [0.4, 1.0]},
     "train": {
         "iterations": 2,
         "trajectories_per_iteration": 8,
