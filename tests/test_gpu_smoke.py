@@ -3,7 +3,6 @@ LoRA settings they name, and without CUDA it stops with its message before loadi
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import torch
 from benchmarks.gpu_smoke import CASES, case_settings
 from components.train.lora import LoraSettings
 from flows import REPO
+from tests.make_dry_run import make_n
 
 TARGETS = ["q_proj", "v_proj"]
 
@@ -55,20 +55,8 @@ def test_an_unknown_case_is_named_with_the_known_ones():
 
 
 def _make_n(*args: str) -> str:
-    """The last command ``make -n`` prints (the target's own, after setup's)."""
-    # under `make test` (CI) the parent's MAKELEVEL/MAKEFLAGS would make this make print "Entering /
-    # Leaving directory" lines around the commands
-    drop = ("MODEL", "CASES", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    out = subprocess.run(
-        ["make", "-n", "--no-print-directory", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    return out.stdout.strip().splitlines()[-1]
+    """The command ``make -n`` prints for the target (the last line)."""
+    return make_n(*args, drop=("MODEL", "CASES")).strip().splitlines()[-1]
 
 
 def test_make_passes_the_cases_on_and_defaults_to_models_base():

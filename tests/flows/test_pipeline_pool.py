@@ -19,6 +19,7 @@ from flows import pool, serve
 from flows._experiments import ExperimentError, push_experiment, push_remote
 from flows._stage import check_served_artifacts
 from flows.serve import Endpoints
+from tests.make_dry_run import make_n
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -191,13 +192,7 @@ def test_push_only_when_steprl_push_names_a_remote_and_dvc_has_one(exp_repo):
 
 
 def _make_n(*args: str) -> str:
-    """What `make <args>` would run here (-n), with none of the caller's Prefect/MLflow settings."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "STEPRL_", "MAKE"))
-    }
-    env.pop("POOL", None)  # nor a parent make's variables (`make test POOL=...`)
-    cmd = ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
+    return make_n(*args, drop=("POOL",))  # nor a parent make's variables (`make test POOL=...`)
 
 
 def test_make_worker_runs_prefects_worker_in_this_clone():
