@@ -65,6 +65,10 @@ class StepSchema(pa.DataFrameModel):
     # The task's score of the step's tool calls (AgentEnv.process_rewards), kept apart from `reward`;
     # null where the task scores nothing. Optional: tables written before it existed have none.
     process_reward: float | None = pa.Field(nullable=True)
+    # The policy version that generated the step (components.train.staleness: 0 = the initial
+    # weights, v = the weights after update v-1). Only with rollout.staleness >= 1: a synchronous
+    # run's table has none (every row is its iteration's version).
+    policy_version: int | None = pa.Field(nullable=True, ge=0)
 
     class Config:
         strict = False

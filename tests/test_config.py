@@ -73,6 +73,7 @@ def test_every_config_field_is_in_params_yaml():
     """Config is documentation: a field added to config.py but not to params.yaml is undocumented."""
     in_file = set(_leaf_paths(RAW))
     in_model = set(_leaf_paths(load_params(PARAMS).model_dump()))
+    in_model |= {"rollout.staleness"}  # left out of the dump at its default 0 (RolloutParams._dump)
     missing = {
         k
         for k in in_model - in_file
@@ -173,6 +174,9 @@ def test_unknown_key_names_its_full_path():
         ("rollout.gpu_memory_utilization", 1.0, ["rollout.gpu_memory_utilization", "1.0", "less than 1"]),
         ("rollout.gpu_memory_utilization", "x", ["rollout.gpu_memory_utilization", "'x'"]),
         ("rollout.sleep_during_update", "maybe", ["rollout.sleep_during_update", "'maybe'"]),
+        ("rollout.staleness", -1, ["rollout.staleness", "-1", "greater than or equal to 0"]),
+        ("rollout.staleness", 1.5, ["rollout.staleness", "1.5", "valid integer"]),
+        ("rollout.staleness", True, ["rollout.staleness", "True"]),
         ("train.gamma", 1.5, ["train.gamma", "1.5"]),
         ("evaluate.max_samples", 0, ["evaluate.max_samples", "0"]),
         ("algorithms.grpo.preset", "dpo", ["algorithms.grpo.preset", "'dpo'"]),
@@ -594,3 +598,73 @@ def test_dynamic_sampling_per_algorithm():
     )
     assert (p.dynamic_sampling("grpo"), p.dynamic_sampling("ppo")) == (True, False)
     assert p.group_filter_key("grpo") == "train.dynamic_sampling"
+
+
+# --- rollout.staleness ---------------------------------------------------------------------------------
+
+# every algorithm of compare.algorithms with a correction that weighs by pi_old / pi_behav
+_TIS = {f"algorithms.{a}.correction": "tis" for a in ("grpo", "ppo", "steppo")}
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        # the default old_logprobs (detached) with no correction never weighs by the rollout's log-probs
+        (
+            {"rollout.staleness": 1},
+            ["rollout.staleness=1", "algorithms.grpo.correction='none'", "train.old_logprobs='detached'"],
+        ),
+        (
+            {
+                "rollout.staleness": 2,
+                "train.old_logprobs": "recompute",
+                **_TIS,
+                "algorithms.ppo.correction": "none",
+            },
+            [
+                "rollout.staleness=2",
+                "algorithms.ppo.correction='none'",
+                "train.old_logprobs='recompute'",
+                "tis",
+            ],
+        ),
+        (
+            {"rollout.staleness": 1, **_TIS, "rollout.engine": "hf"},
+            ["rollout.staleness=1", "rollout.engine='hf'", "not be reproducible"],
+        ),
+        (
+            {"rollout.staleness": 1, **_TIS, "deepspeed.world_size": 2},
+            ["rollout.staleness=1", "deepspeed.world_size=2"],
+        ),
+    ],
+)
+def test_staleness_refuses_what_it_cannot_correct_or_run(changes, words):
+    msg = error_of(raw(**changes))
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_staleness_with_a_correction_or_rollout_logprobs_loads():
+    assert parse_params(raw(**{"rollout.staleness": 1, **_TIS})).rollout.staleness == 1
+    decoupled = {k: "decoupled" for k in _TIS}
+    assert parse_params(raw(**{"rollout.staleness": 3, "train.old_logprobs": "recompute", **decoupled}))
+    # the ratio pi / pi_behav: PPO's own importance ratio against the policy that sampled
+    p = parse_params(raw(**{"rollout.staleness": 1, "train.old_logprobs": "rollout"}))
+    assert p.staleness_problem("grpo") is None
+    # an algorithm outside compare.algorithms is checked when the train stage runs it
+    data = raw(**{"rollout.staleness": 1, **_TIS})
+    data["algorithms"]["grpo_plain"] = {"preset": "grpo"}
+    p = parse_params(data)
+    assert "algorithms.grpo_plain.correction='none'" in p.staleness_problem("grpo_plain")
+    assert p.staleness_problem("grpo") is None and p.staleness_problem() is None
+
+
+def test_staleness_zero_is_left_out_of_the_dump_and_never_sleeps_the_engine_above_zero():
+    """At 0 the rollout section dumps as before the key existed (fingerprints, Prefect keys, MLflow)."""
+    base = parse_params(RAW)
+    assert "staleness" not in base.rollout.model_dump() and base.rollout.staleness == 0
+    stale = parse_params(raw(**{"rollout.staleness": 2, **_TIS}))
+    assert stale.rollout.model_dump()["staleness"] == 2
+    assert stale.model_dump()["rollout"]["staleness"] == 2
+    assert base.rollout.engine_settings(0, updates=True).sleep_mode is True
+    assert stale.rollout.engine_settings(0, updates=True).sleep_mode is False  # it generates meanwhile

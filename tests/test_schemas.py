@@ -205,3 +205,15 @@ def test_process_reward_column_is_optional_nullable_and_typed():
     assert out.schema["process_reward"] == pl.Float64
     with pytest.raises(ValueError, match="process_reward"):
         validate_table(step_df().with_columns(process_reward=pl.lit("x")), StepSchema, "s")
+
+
+def test_policy_version_column_is_optional_and_a_version():
+    """rollout.staleness >= 1 writes each step's policy version; a synchronous run's table has none."""
+    assert "policy_version" not in validate_table(step_df(), StepSchema, "s").columns
+    out = validate_table(step_df(policy_version=[0, 0, 3]), StepSchema, "s")
+    assert out["policy_version"].to_list() == [0, 0, 3] and out.schema["policy_version"].is_integer()
+    with pytest.raises(ValueError) as err:
+        validate_table(step_df(policy_version=[0, -1, 0]), StepSchema, "rollouts.parquet")
+    assert str(err.value).startswith("rollouts.parquet row 2: column 'policy_version' failed"), str(err.value)
+    with pytest.raises(ValueError, match="policy_version"):
+        validate_table(step_df(policy_version=["a", "b", "c"]), StepSchema, "s")

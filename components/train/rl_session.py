@@ -347,13 +347,16 @@ class RLSession:
         self.version = str(out)
         return str(out)
 
-    def restore(self, ckpt_dir: str | Path) -> None:
-        """Load actor/critic weights, optimizer and schedule from ``ckpt_dir``, and sync the rollout engine."""
+    def restore(self, ckpt_dir: str | Path, *, sync: bool = True) -> None:
+        """Load actor/critic weights, optimizer and schedule from ``ckpt_dir``, and sync the rollout
+        engine (``sync=False``: leave the engine as it is, e.g. while it generates in another thread
+        with older weights, rollout.staleness >= 1)."""
         ckpt = Path(ckpt_dir)
         load_engine_state(self.actor, ckpt / "actor")
         if self.critic is not None:
             load_engine_state(self.critic, ckpt / "critic")
-        self.sync()
+        if sync:
+            self.sync()
         self.version = str(ckpt)
 
     def close(self) -> None:

@@ -58,3 +58,17 @@ def test_a_run_without_an_off_policy_correction_keeps_its_fingerprint(tmp_path):
     }
     tis = fingerprint(parse_params(raw), "grpo", sft, split)
     assert tis["algo"]["correction"] == "tis" and tis["algo"]["correction_cap"] == 2.0
+
+
+def test_a_synchronous_run_keeps_its_fingerprint_and_a_staleness_starts_afresh(tmp_path):
+    """rollout.staleness 0 (the default): the rollout block is what it was before the key existed;
+    another staleness plays other rollouts, so the run starts afresh."""
+    split = tmp_path / "train.parquet"
+    split.write_bytes(b"rows")
+    sft = _sft(tmp_path / "a", b"\x00" * 64)
+    base = fingerprint(parse_params(RAW), "grpo", sft, split)
+    assert "staleness" not in base["rollout"]
+    tis = {a: {**RAW["algorithms"][a], "correction": "tis"} for a in RAW["compare"]["algorithms"]}
+    raw = {**RAW, "rollout": {**RAW["rollout"], "staleness": 1}, "algorithms": {**RAW["algorithms"], **tis}}
+    stale = fingerprint(parse_params(raw), "grpo", sft, split)
+    assert stale["rollout"] == {**base["rollout"], "staleness": 1}
