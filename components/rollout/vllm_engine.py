@@ -30,10 +30,17 @@ Departure from vLLM's defaults:
    and with ``sleep_mode`` (``rollout.sleep_during_update``) :meth:`VLLMEngine.sleep` moves its
    weights to CPU memory and frees the KV cache while the actor and critic update (vLLM's sleep
    level 1); ``wake_up`` brings them back before the weight sync.
+5. The in-process engine freezes this process's garbage-collected heap (``gc.freeze``) before it is
+   built, as vLLM's engine core does after its start (``freeze_gc_heap``): the engine's start runs
+   about six full collections (model load, KV-cache profiling, clean-up), each walking every object
+   of the trainer's imports (about 0.5 s each on 2 cores); frozen objects are skipped, so they only
+   walk what the start itself creates. Nothing else changes: objects are still freed by reference
+   counting, and vLLM freezes the whole heap after its start anyway.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from collections.abc import Mapping
@@ -110,6 +117,8 @@ class VLLMEngine:
                     "in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): start the own-process engine "
                     "first, or in a fresh process"
                 )
+            if not own_process:
+                gc.freeze()  # departure 5
             self.llm = LLM(
                 model=str(model_dir),
                 dtype=resolve_rollout_dtype(settings.dtype),
