@@ -2,9 +2,11 @@
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can hand it a
 state dict directly. With ``EngineSettings(own_process=True)`` it runs in a process of its own (vLLM's
-multiprocessing engine, started with ``spawn``): what a data-parallel trainer needs, because vLLM
-(0.32, ``init_distributed_environment``) adopts a torch.distributed world that already exists in its
-process as its own, and would build its groups over the trainer's N ranks. The weight sync then
+multiprocessing engine, started with ``spawn``): what the train stage uses at rollout.staleness >= 1
+(the engine's kernels then stay out of the process whose update runs meanwhile) and what a
+data-parallel trainer needs, because vLLM (0.32, ``init_distributed_environment``) adopts a
+torch.distributed world that already exists in its process as its own, and would build its groups
+over the trainer's N ranks. The weight sync then
 writes the weights to a temporary safetensors file that the engine's worker reads
 (:mod:`components.rollout.vllm_worker`). That process ends when this one dies, even by SIGKILL
 (:mod:`components.rollout.vllm_executor`). On GPU machines install ``vllm`` instead of

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import flows.train as train
+import flows.train_settings as train_settings
 from components.config import load_params
 from flows import REPO
 
@@ -57,3 +58,15 @@ def test_the_critic_takes_its_own_mini_batch_size(monkeypatch, tmp_path, critic_
     assert rec.critic.mini_batch_size == expected
     assert rec.actor.mini_batch_size == 512  # the actor keeps one step per iteration
     assert rec.critic.micro_batch_size == rec.actor.micro_batch_size == t.micro_batch_size
+
+
+def test_a_stale_rollout_runs_vllm_in_a_process_of_its_own():
+    """rollout.staleness >= 1 generates while the update runs: vLLM's kernels in the trainer's process
+    changed the update's last bits, so the engine gets a process of its own (at 0: in-process)."""
+    params = load_params(REPO / "params.yaml")
+    assert train_settings.session_config(params, "grpo").rollout.own_process is False
+    tis = {a: params.algorithms[a].model_copy(update={"correction": "tis"}) for a in params.algorithms}
+    stale = params.model_copy(
+        update={"rollout": params.rollout.model_copy(update={"staleness": 1}), "algorithms": tis}
+    )
+    assert train_settings.session_config(stale, "grpo").rollout.own_process is True
