@@ -33,13 +33,14 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components.agent.loop import Episode, episode_metrics
-from components.config import CompareParams, Params, protocol_name
+from components.config import CompareParams, Params, TrainParams, protocol_name
 from components.determinism import make_deterministic
 from components.envs import get_task
 from components.io import write_json, write_parquet, write_text
@@ -546,8 +547,7 @@ def _iteration(
     """Iteration ``k`` of the run (rollout -> score -> advantage -> update -> sync, then validation
     with sampling seed ``val_seed`` when due); its metrics."""
     t = params.train
-    policy = Path(session.version)
-    policy_marker = str(policy / MARKER) if (policy / MARKER).is_file() else str(policy / "actor" / MARKER)
+    policy_marker = _marker(Path(session.version))
     timing = {}
     t0 = time.perf_counter()
     train_split = str(processed(params.task) / "train.parquet")
@@ -568,38 +568,75 @@ def _iteration(
     t1 = time.perf_counter()
     sync(session)
     timing["sync"] = time.perf_counter() - t1
-    batch_df = pl.read_parquet(batch)
-    metrics = iteration_metrics(batch_df, out["metrics"])
-    metrics.update(played["metrics"])  # filter/* and collapse/* of every played group
-    metrics.update(anchor_metrics(batch_df, resolved(params, algo)["estimator"]))  # gigpo/* (gigpo only)
-    task_metrics = get_task(params.task).task_metrics(pl.read_parquet(rollouts).to_dicts())
-    metrics.update({f"task/{key}": v for key, v in task_metrics.items()})  # the task's own (recipe hook)
-    last = k == t.iterations - 1
-    if (k + 1) % t.val_every == 0 or last:
+    steps = pl.read_parquet(rollouts)
+    metrics = _batch_metrics(params, algo, batch, out, played, steps)
+    if _validation_due(t, k):
         t1 = time.perf_counter()
         metrics.update(validate(session, name, k, params, val_seed))
         timing["validation"] = time.perf_counter() - t1
     timing["iteration"] = time.perf_counter() - t0
-    metrics.update({f"timing_s/{key}": v for key, v in timing.items()})
-    metrics["perf/tokens_per_s"] = metrics["perf/generated_tokens"] / max(timing["rollout"], 1e-9)
-    d = iter_dir(name, k)
-    steps = pl.read_parquet(rollouts).to_dicts()
-    write_text(render_samples(steps, limit=8, tokenizer=session.tokenizer), d / "samples.md")
-    write_json(metrics, d / "metrics.json")
-    write_json({"iteration": k}, d / "done.json")
-    finished = sorted(p for p in run_dir(name).glob("iter_*") if (p / "done.json").is_file())
-    prune(finished, KEEP_CHECKPOINTS, lambda p: p / "checkpoint")
-    print(
-        f"{name} iteration {k}: score {metrics['critic/score/mean']:.3f}"
-        + (f", val accuracy {metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "")
-        + f", {timing['iteration']:.1f}s"
-    )
-    return metrics
+    return _record_iteration(name, k, metrics, timing, {}, steps, session.tokenizer, KEEP_CHECKPOINTS)
 
 
 def _marker(policy: Path) -> str:
     """The marker file of a policy directory: the SFT model's, or a checkpoint's actor's."""
     return str(policy / MARKER) if (policy / MARKER).is_file() else str(policy / "actor" / MARKER)
+
+
+def _validation_due(t: TrainParams, k: int) -> bool:
+    """Whether iteration ``k`` ends with a validation: every ``train.val_every`` and the last."""
+    return (k + 1) % t.val_every == 0 or k == t.iterations - 1
+
+
+def _batch_metrics(
+    params: Params,
+    algo: str,
+    batch: str,
+    out: dict,
+    played: dict,
+    steps: pl.DataFrame,
+    extra: dict | None = None,
+) -> dict:
+    """An iteration's metrics from its update's batch and result, its played groups and its step rows;
+    ``extra`` (e.g. the batch's staleness) goes after the estimator's and before the task's."""
+    batch_df = pl.read_parquet(batch)
+    metrics = iteration_metrics(batch_df, out["metrics"])
+    metrics.update(played["metrics"])  # filter/* and collapse/* of every played group
+    metrics.update(anchor_metrics(batch_df, resolved(params, algo)["estimator"]))  # gigpo/* (gigpo only)
+    metrics.update(extra or {})
+    task_metrics = get_task(params.task).task_metrics(steps.to_dicts())
+    metrics.update({f"task/{key}": v for key, v in task_metrics.items()})  # the task's own (recipe hook)
+    return metrics
+
+
+def _record_iteration(
+    name: str,
+    k: int,
+    metrics: dict,
+    timing: dict,
+    timeline: dict,
+    steps: pl.DataFrame,
+    tokenizer: Any,
+    keep: int,
+    note: str = "",
+) -> dict:
+    """Add the timings to iteration ``k``'s metrics, write its samples, metrics and done marker, keep
+    the last ``keep`` checkpoints, print its line (``note`` before its time); its metrics."""
+    metrics.update({f"timing_s/{key}": v for key, v in timing.items()})
+    metrics.update({f"timeline/{key}": v for key, v in timeline.items()})
+    metrics["perf/tokens_per_s"] = metrics["perf/generated_tokens"] / max(timing["rollout"], 1e-9)
+    d = iter_dir(name, k)
+    write_text(render_samples(steps.to_dicts(), limit=8, tokenizer=tokenizer), d / "samples.md")
+    write_json(metrics, d / "metrics.json")
+    write_json({"iteration": k}, d / "done.json")
+    finished = sorted(p for p in run_dir(name).glob("iter_*") if (p / "done.json").is_file())
+    prune(finished, keep, lambda p: p / "checkpoint")
+    print(
+        f"{name} iteration {k}: score {metrics['critic/score/mean']:.3f}"
+        + (f", val accuracy {metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "")
+        + f"{note}, {timing['iteration']:.1f}s"
+    )
+    return metrics
 
 
 # --- rollout.staleness >= 1 (components.train.staleness) -------------------------------------------
@@ -714,37 +751,21 @@ class _Ahead:
         t1 = time.perf_counter()
         self.engine.keep(k + 1, session.actor_weights())  # what later rollouts and validation sync
         timing["sync"] = time.perf_counter() - t1
-        batch_df = pl.read_parquet(batch)
-        metrics = iteration_metrics(batch_df, out["metrics"])
-        metrics.update(played["metrics"])
-        metrics.update(anchor_metrics(batch_df, resolved(params, algo)["estimator"]))
         steps = pl.read_parquet(rollouts)
         stale = staleness_metrics(steps["policy_version"].to_list(), current=k)
-        metrics.update({f"rollout/{key}": v for key, v in stale.items()})
-        task_metrics = get_task(params.task).task_metrics(steps.to_dicts())
-        metrics.update({f"task/{key}": v for key, v in task_metrics.items()})
-        if (k + 1) % t.val_every == 0 or k == t.iterations - 1:
+        metrics = _batch_metrics(
+            params, algo, batch, out, played, steps, {f"rollout/{key}": v for key, v in stale.items()}
+        )
+        if _validation_due(t, k):
             t1 = time.perf_counter()
             self.worker.drain()  # every rollout started so far is by version <= k: none is left to wait
             self.engine.hold(k + 1)
             metrics.update(validate(session, name, k, params, val_seed))
             timing["validation"] = time.perf_counter() - t1
         timing["iteration"] = time.perf_counter() - t0
-        metrics.update({f"timing_s/{key}": v for key, v in timing.items()})
-        metrics.update({f"timeline/{key}": v for key, v in timeline.items()})
-        metrics["perf/tokens_per_s"] = metrics["perf/generated_tokens"] / max(timing["rollout"], 1e-9)
-        d = iter_dir(name, k)
-        write_text(render_samples(steps.to_dicts(), limit=8, tokenizer=self.tokenizer), d / "samples.md")
-        write_json(metrics, d / "metrics.json")
-        write_json({"iteration": k}, d / "done.json")
-        finished = sorted(p for p in run_dir(name).glob("iter_*") if (p / "done.json").is_file())
-        prune(finished, checkpoints_to_keep(self.s, KEEP_CHECKPOINTS), lambda p: p / "checkpoint")
-        print(
-            f"{name} iteration {k}: score {metrics['critic/score/mean']:.3f}"
-            + (f", val accuracy {metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "")
-            + f", staleness {stale['staleness_max']:.0f}, {timing['iteration']:.1f}s"
-        )
-        return metrics
+        keep = checkpoints_to_keep(self.s, KEEP_CHECKPOINTS)
+        note = f", staleness {stale['staleness_max']:.0f}"
+        return _record_iteration(name, k, metrics, timing, timeline, steps, self.tokenizer, keep, note)
 
     def finish(self) -> None:
         """Wait for the thread; the engine then holds the last update's weights."""
