@@ -1,6 +1,5 @@
-"""SFT optimizer steps on the real demonstrations in three modes: packed (the rows end to end on their
-common prefix, `sft.packed_forward: true`), the common prefix forwarded once with the rows' own
-tokens padded (`sft.packed_forward: false`), and plain (one padded forward per row).
+"""SFT optimizer steps on the real demonstrations, with the micro-batch's common prefix forwarded once
+(what the sft stage runs) and without (one full forward per row).
 
     python benchmarks/sft_step.py [--model models/base] [--steps 10] [--repeats 3]
 
@@ -8,7 +7,7 @@ Needs the outputs of `prepare` and `base_model` (e.g. after `make repro`). Encod
 as the sft stage does, draws batches of ``sft.batch_size`` rows, and times DeepSpeed ``train_step``s
 of the same batches in both modes; the modes alternate within each repeat, so they see the same
 machine load. Prints tokens per batch (padded, forwarded), seconds per step of every repeat, and the
-median speed-ups. Shared 2-core machines are noisy: compare figures from the same run.
+median speed-up. Shared 2-core machines are noisy: compare figures from the same run.
 """
 
 from __future__ import annotations
@@ -70,26 +69,24 @@ def main() -> None:
         total_steps=10**6,
     )
     common_prefix = sft.common_prefix
-    seconds: dict[str, list[float]] = {"packed": [], "shared prefix": [], "plain": []}
+    seconds: dict[str, list[float]] = {"shared prefix": [], "plain": []}
     try:
         for rep in range(args.repeats):
             for mode in seconds:
-                sft.common_prefix = common_prefix if mode != "plain" else (lambda b, min_prefix=8: None)
+                sft.common_prefix = (
+                    common_prefix if mode == "shared prefix" else (lambda b, min_prefix=8: None)
+                )
                 start = time.perf_counter()
                 for b in batches[rep * args.steps : (rep + 1) * args.steps]:
-                    n = sft.count_label_tokens(b["labels"])
-                    loss = partial(sft.sft_loss_fn, normaliser=n, packed=mode == "packed")
+                    loss = partial(sft.sft_loss_fn, normaliser=sft.count_label_tokens(b["labels"]))
                     train_step(engine, [b], loss)
                 seconds[mode].append((time.perf_counter() - start) / args.steps)
     finally:
         sft.common_prefix = common_prefix
     for mode, v in seconds.items():
         print(f"{mode:>13}: " + ", ".join(f"{x:.3f}" for x in v) + " s/step")
-    med = {mode: statistics.median(v) for mode, v in seconds.items()}
-    print(
-        f"median speed-up: packed {med['shared prefix'] / med['packed']:.2f}x over shared prefix, "
-        f"{med['plain'] / med['packed']:.2f}x over plain"
-    )
+    speedup = statistics.median(seconds["plain"]) / statistics.median(seconds["shared prefix"])
+    print(f"median speed-up {speedup:.2f}x")
 
 
 if __name__ == "__main__":

@@ -187,9 +187,6 @@ class SFTParams(Section):
     # SFT learns from the first `rows` rows of the train split; RL samples its prompts from the rows
     # after them, problems the SFT model has not seen. None = SFT and RL both use every row.
     rows: int | None = Field(None, ge=1)
-    # Each micro-batch's rows laid end to end (their common prefix once) with a block mask instead of
-    # padded to the longest (components.train.packing): the same loss up to matmul summation order.
-    packed_forward: bool = False
 
     @model_validator(mode="after")
     def _micro_divides(self) -> SFTParams:

@@ -113,7 +113,6 @@ def _train(params: Params, on_step=None, progress: bool = True) -> list[dict]:
         steps=s.steps,
         on_step=on_step,
         progress=progress,
-        packed=s.packed_forward,
     )
     save_checkpoint(engine, OUT, tokenizer=tokenizer, metadata={"stage": "sft", "steps": s.steps})
     return history

@@ -263,7 +263,7 @@ def packed_rows(batch: TokenBatch, capacity: int = PACK_CAPACITY) -> PackedRows:
     return pack_rows(units, S, T, pad_id=0, capacity=capacity, device=batch.input_ids.device)
 
 
-def packed_attention_mask(decoder: torch.nn.Module, mask: Tensor) -> Tensor:
+def _attention_mask(decoder: torch.nn.Module, mask: Tensor) -> Tensor:
     """The packed rows' boolean mask (R, 1, C, C) as the decoder's attention takes a 4-D mask: boolean
     for sdpa, additive (0 or the dtype's minimum) for the others (eager adds it to the scores)."""
     if getattr(decoder.config, "_attn_implementation", "sdpa") == "sdpa":
@@ -291,7 +291,7 @@ def _hidden_at(decoder: torch.nn.Module, batch: TokenBatch, positions: Tensor) -
     packed = batch.packed
     out = decoder(
         input_ids=packed.ids,
-        attention_mask=packed_attention_mask(decoder, packed.mask),
+        attention_mask=_attention_mask(decoder, packed.mask),
         position_ids=packed.positions,
         use_cache=False,
     )

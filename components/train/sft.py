@@ -15,9 +15,6 @@ What it does:
   before the first labelled one, the loss forwards that prefix once and every row's rest on top of
   its keys/values (``components.train.policy.shared_prefix_hidden``, as the RL update does): the same
   loss and gradients up to float rounding, about 30% fewer tokens forwarded.
-- ``packed=True`` (``sft.packed_forward``): the prefix and every row's own tokens are laid end to end
-  in one row with a block mask (``components.train.packing``, as the RL update's packed forward), so
-  no suffix is padded to the longest: the real tokens only, the same loss up to float rounding.
 - ``run_sft``: ``steps`` optimizer steps with a tqdm bar showing the loss; each step's metrics
   (loss, grad_norm, lr, tokens/s, ...) go to ``on_step(step, metrics)`` and are returned.
 
@@ -38,13 +35,7 @@ from tqdm.auto import tqdm
 from components.device import model_device, to_device
 from components.train.distributed import dp_rank_world
 from components.train.engine import train_step
-from components.train.packing import pack_rows
-from components.train.policy import (
-    SharedPrefix,
-    head_logits,
-    packed_attention_mask,
-    shared_prefix_hidden,
-)
+from components.train.policy import SharedPrefix, head_logits, shared_prefix_hidden
 
 __all__ = [
     "IGNORE_INDEX",
@@ -138,42 +129,12 @@ def common_prefix(batch: Batch, min_prefix: int = 8) -> SharedPrefix | None:
     )
 
 
-def _packed_hidden(
-    decoder: torch.nn.Module, micro_batch: Batch, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``sft_hidden`` with the rows (on their common prefix when they have one) packed end to end; the
-    layout is read from the CPU tensors (no device sync), then moved to ``device``."""
-    ids, mask = micro_batch["input_ids"], micro_batch["attention_mask"]  # (B, T), right-padded, CPU
-    shared = common_prefix(micro_batch)
-    rows, lengths = ids.tolist(), mask.sum(1).tolist()
-    if shared is None:
-        units = [([], [(s, rows[s][:n])]) for s, n in enumerate(lengths)]
-    else:
-        P = shared.prefix_ids.shape[1]
-        units = [(rows[0][:P], [(s, rows[s][P:n]) for s, n in enumerate(lengths)])]
-    B, T = ids.shape
-    packed = pack_rows(units, B, T, pad_id=0, device=device)
-    out = decoder(
-        input_ids=packed.ids,
-        attention_mask=packed_attention_mask(decoder, packed.mask),
-        position_ids=packed.positions,
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state.flatten(0, 1)[packed.where]  # (B, T, H); past a row's end: its last
-    return hidden, micro_batch["labels"].to(device), torch.tensor(packed.ids.numel())
-
-
-def sft_hidden(
-    model: torch.nn.Module, micro_batch: Batch, packed: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(final hidden states, the labels they predict, forwarded positions) of ``micro_batch`` (CPU
-    tensors, moved to the model's device), on the rows' common prefix when they have one; ``packed``:
-    laid end to end in rows with a block mask instead of padded rows."""
-    decoder = model.get_decoder()
-    if packed:
-        return _packed_hidden(decoder, micro_batch, model_device(model))
+def sft_hidden(model: torch.nn.Module, micro_batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(final hidden states, the labels they predict, forwarded tokens) of ``micro_batch`` (CPU tensors,
+    moved to the model's device), on the rows' common prefix when they have one."""
     batch = to_device({k: micro_batch[k] for k in _KEYS}, model_device(model))
     shared = common_prefix(batch)
+    decoder = model.get_decoder()
     if shared is None:
         hidden = decoder(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
@@ -186,13 +147,12 @@ def sft_hidden(
 
 
 def sft_loss_fn(
-    engine: Any, micro_batch: Batch, *, normaliser: float, packed: bool = False
+    engine: Any, micro_batch: Batch, *, normaliser: float
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``train_step`` loss: this micro-batch's summed NLL / ``normaliser`` (labelled tokens in the batch),
-    forwarded on the rows' common prefix when they have one (:func:`common_prefix`), packed end to
-    end when ``packed``."""
+    forwarded on the rows' common prefix when they have one (:func:`common_prefix`)."""
     model = engine.module
-    hidden, labels, n_forwarded = sft_hidden(model, micro_batch, packed)
+    hidden, labels, n_forwarded = sft_hidden(model, micro_batch)
     nll_sum, n_labels = token_nll_sum(hidden=hidden, labels=labels, head=model.get_output_embeddings())
     return nll_sum / normaliser, {
         "n_label_tokens": float(n_labels),
@@ -208,14 +168,13 @@ def run_sft(
     steps: int,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     progress: bool = True,
-    packed: bool = False,
 ) -> list[dict[str, float]]:
     """Train ``steps`` optimizer steps; each item of ``batches_iter`` is one optimizer batch given as a
     list of micro-batches (dicts of (B, T) tensors ``input_ids``, ``labels``, ``attention_mask``).
 
     Loss = summed NLL over labelled tokens / labelled tokens in the whole batch. Data parallel: every
     rank passes the whole batch and trains its share of the micro-batches (``train_step``), so the
-    update is the same for any world size. ``packed``: see :func:`sft_loss_fn`. A batch with no labelled
+    update is the same for any world size. A batch with no labelled
     token raises. Returns one metrics dict per step (step numbers start at 1); skipped steps (non-finite
     loss/gradient) are included with ``skipped=1``.
     """
@@ -239,7 +198,7 @@ def run_sft(
                     f"step {step}: the batch has no labelled tokens (all labels are {IGNORE_INDEX})"
                 )
             start = time.perf_counter()
-            metrics = train_step(engine, micro_batches, partial(sft_loss_fn, normaliser=total, packed=packed))
+            metrics = train_step(engine, micro_batches, partial(sft_loss_fn, normaliser=total))
             elapsed = time.perf_counter() - start
             metrics["tokens_per_s"] = metrics["n_tokens"] / max(elapsed, 1e-9)
             history.append(metrics)

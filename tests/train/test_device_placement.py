@@ -266,13 +266,12 @@ def test_the_harness_raises_on_a_cpu_batch_and_not_on_a_moved_one(fc):
 
 
 # --- SFT ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-def test_sft_forward_feeds_the_collated_micro_batch_on_the_model_device(fc, packed):
+def test_sft_forward_feeds_the_collated_micro_batch_on_the_model_device(fc):
     model = fake_cuda_model(tiny_model(), fc)
     examples = [([*PROMPT, 30, 31, 2], [-100] * 10 + [30, 31, 2]), ([*PROMPT, 40, 2], [-100] * 10 + [40, 2])]
     micro_batch = collate(examples, pad_id=0)  # as flows/sft.py builds it
     with torch.no_grad():
-        hidden, labels, _ = sft_hidden(model, micro_batch, packed)
+        hidden, labels, _ = sft_hidden(model, micro_batch)
     assert hidden.device == CUDA and labels.device == CUDA
 
 

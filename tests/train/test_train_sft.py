@@ -177,30 +177,3 @@ def test_shared_prefix_sft_step_matches_the_plain_forward() -> None:
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     assert_weights_match(w_shared, w_plain, lr=1e-3, steps=3)
-
-
-@pytest.mark.parametrize("prefix", [True, False], ids=["on-common-prefix", "no-common-prefix"])
-def test_packed_sft_step_matches_the_padded_forward(prefix: bool) -> None:
-    """sft.packed_forward: rows of uneven length (on their common prefix, or each on its own) laid end
-    to end give the padded forward's loss, gradient norm and weights, and forward no padding."""
-    base = tiny_model(seed=9)
-    make = _system_prompt_batch if prefix else random_batch
-    batches = [make(6, seed=40 + i) for i in range(3)]
-    assert prefix == (common_prefix(batches[0]) is not None)
-    runs = {}
-    for packed in (True, False):
-        engine = build_engine(copy.deepcopy(base), **{**ENGINE_KW, "lr": 1e-3})
-        parts = [split_micro_batches(b, 3) for b in batches]
-        runs[packed] = (
-            run_sft(engine, iter(parts), steps=3, progress=False, packed=packed),
-            full_weights(engine),
-        )
-    (h_packed, w_packed), (h_padded, w_padded) = runs[True], runs[False]
-    real = [sum(int(p["attention_mask"].sum()) for p in split_micro_batches(b, 3)) for b in batches]
-    # no row padded to the longest; with a common prefix, it once per micro-batch (2 of 3 rows spared)
-    spared = 2 * 2 * 8 if prefix else 0
-    assert h_packed[0]["n_forwarded_tokens"] <= real[0] - spared
-    for a, b in zip(h_packed, h_padded):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
-    assert_weights_match(w_packed, w_padded, lr=1e-3, steps=3)
