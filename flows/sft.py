@@ -106,6 +106,8 @@ def _train(params: Params, on_step=None, progress: bool = True) -> list[dict]:
         grad_accum_steps=max(1, s.batch_size // micro_batch_size(params) // params.deepspeed.world_size),
         warmup_steps=s.warmup_steps,
         total_steps=s.steps,
+        lr_schedule=s.lr_schedule,
+        decay_steps=s.decay_steps,
     )
     history = run_sft(
         engine,

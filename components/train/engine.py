@@ -34,8 +34,9 @@ Departures from DeepSpeed defaults:
    in DeepSpeed 0.19 those run the first two updates at lr 0, force at least 2 warmup steps, and with
    no warmup (min lr = max lr) never decay. Update k (0-based) runs at lr * (k + 1) / W during a
    warmup of W updates (no update at lr 0), then lr * (T - k) / (T - W) (``linear_decay``, T =
-   ``total_steps``) or lr (``constant``). DeepSpeed still steps it after each applied update and
-   saves it in engine checkpoints.
+   ``total_steps``), lr (``constant``), or lr until the last D updates and then lr * (T - k) / D
+   (``wsd``, warmup-stable-decay, D = ``decay_steps``). DeepSpeed still steps it after each applied
+   update and saves it in engine checkpoints.
 4. ``amp_bf16`` is not a DeepSpeed mode: the engine is fp32 (weights, gradients, optimizer) and
    ``train_step`` runs each ``loss_fn`` under bf16 autocast (``components.precision``); the backward
    pass runs outside the autocast region, as torch recommends. ``engine.steprl_dtype`` records it.
@@ -61,13 +62,14 @@ from components.device import to_device
 from components.precision import TrainDtype, autocast, resolve_train_dtype, use_tf32
 from components.train.distributed import dp_rank_world, init_distributed
 
-__all__ = ["LossFn", "autocast_for", "build_engine", "lr_factor", "make_ds_config", "train_step"]
+__all__ = ["LossFn", "LrSchedule", "autocast_for", "build_engine", "lr_factor", "make_ds_config", "train_step"]
 
 # loss_fn(engine, micro_batch) -> (scalar loss already divided by the global normaliser, metrics)
 LossFn = Callable[[Any, Any], "tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]"]
 
 _DTYPES = get_args(TrainDtype)
-_SCHEDULES = ("linear_decay", "constant")
+LrSchedule = Literal["linear_decay", "constant", "wsd"]
+_SCHEDULES = get_args(LrSchedule)
 
 
 def _check_number(name: str, value: Any, *, low: float, strict: bool, integer: bool = False) -> None:
@@ -91,7 +93,8 @@ def make_ds_config(
     warmup_steps: int,
     total_steps: int,
     world_size: int = 1,
-    lr_schedule: Literal["linear_decay", "constant"] = "linear_decay",
+    lr_schedule: LrSchedule = "linear_decay",
+    decay_steps: int = 0,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
 ) -> dict[str, Any]:
@@ -117,6 +120,12 @@ def make_ds_config(
         raise ValueError(f"lr_schedule={lr_schedule!r} must be one of {list(_SCHEDULES)}")
     if warmup_steps > total_steps:
         raise ValueError(f"warmup_steps={warmup_steps} > total_steps={total_steps}")
+    _check_number("decay_steps", decay_steps, low=0, strict=False, integer=True)
+    if lr_schedule == "wsd" and not 1 <= decay_steps <= total_steps - warmup_steps:
+        raise ValueError(
+            f"decay_steps={decay_steps} must be in [1, total_steps - warmup_steps = "
+            f"{total_steps - warmup_steps}] for lr_schedule='wsd'"
+        )
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"betas={betas!r} must be two numbers in [0, 1)")
 
@@ -152,17 +161,21 @@ def make_ds_config(
 
 
 def lr_factor(
-    step: int, *, warmup_steps: int, total_steps: int, lr_schedule: Literal["linear_decay", "constant"]
+    step: int, *, warmup_steps: int, total_steps: int, lr_schedule: LrSchedule, decay_steps: int = 0
 ) -> float:
     """Multiplier of the base lr for update ``step`` (0-based).
 
     Warmup: (step + 1) / warmup_steps for step < warmup_steps. Then ``linear_decay``:
-    (total_steps - step) / (total_steps - warmup_steps), 0 from ``total_steps`` on; ``constant``: 1.
+    (total_steps - step) / (total_steps - warmup_steps), 0 from ``total_steps`` on; ``constant``: 1;
+    ``wsd`` (warmup-stable-decay, Hu et al. 2024, MiniCPM): 1 until the last ``decay_steps`` updates,
+    then (total_steps - step) / decay_steps.
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if lr_schedule == "constant":
         return 1.0
+    if lr_schedule == "wsd":
+        return max(0.0, min(1.0, (total_steps - step) / max(1, decay_steps)))
     if lr_schedule != "linear_decay":
         raise ValueError(f"lr_schedule={lr_schedule!r} must be one of {list(_SCHEDULES)}")
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
@@ -190,7 +203,8 @@ def build_engine(
     grad_accum_steps: int,
     warmup_steps: int,
     total_steps: int,
-    lr_schedule: Literal["linear_decay", "constant"] = "linear_decay",
+    lr_schedule: LrSchedule = "linear_decay",
+    decay_steps: int = 0,
     eps: float = 1e-8,
 ) -> Any:
     """Wrap ``model`` in a DeepSpeed engine (gloo/CPU or NCCL/GPU, as the process was launched).
@@ -217,11 +231,18 @@ def build_engine(
         total_steps=total_steps,
         world_size=dist.world_size,
         lr_schedule=lr_schedule,
+        decay_steps=decay_steps,
         eps=eps,
     )
     import deepspeed
 
-    factor = partial(lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, lr_schedule=lr_schedule)
+    factor = partial(
+        lr_factor,
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+        lr_schedule=lr_schedule,
+        decay_steps=decay_steps,
+    )
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         config=config,
