@@ -181,7 +181,7 @@ class SFTParams(Section):
     lr: float = Field(5e-3, gt=0, le=1)
     warmup_steps: int = Field(20, ge=0)
     # After warmup: linear decay to 0 over the remaining steps, or warmup-stable-decay (constant lr,
-    # then linear decay to 0 over the last decay_steps).
+    # then linear decay to 0 over the last decay_steps, or over all steps after warmup when fewer).
     lr_schedule: Literal["linear_decay", "wsd"] = "linear_decay"
     decay_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -196,11 +196,8 @@ class SFTParams(Section):
     def _micro_divides(self) -> SFTParams:
         if self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} > steps={self.steps}")
-        if self.lr_schedule == "wsd" and not 1 <= self.decay_steps <= self.steps - self.warmup_steps:
-            raise ValueError(
-                f"decay_steps={self.decay_steps} must be in [1, steps - warmup_steps = "
-                f"{self.steps - self.warmup_steps}] with lr_schedule: wsd"
-            )
+        if self.lr_schedule == "wsd" and self.decay_steps < 1:
+            raise ValueError(f"decay_steps={self.decay_steps} must be at least 1 with lr_schedule: wsd")
         if self.batch_size % self.micro_batch_size:
             raise ValueError(
                 f"batch_size={self.batch_size} is not a multiple of micro_batch_size={self.micro_batch_size}"

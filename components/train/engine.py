@@ -35,7 +35,7 @@ Departures from DeepSpeed defaults:
    no warmup (min lr = max lr) never decay. Update k (0-based) runs at lr * (k + 1) / W during a
    warmup of W updates (no update at lr 0), then lr * (T - k) / (T - W) (``linear_decay``, T =
    ``total_steps``), lr (``constant``), or lr until the last D updates and then lr * (T - k) / D
-   (``wsd``, warmup-stable-decay, D = ``decay_steps``). DeepSpeed still steps it after each applied
+   (``wsd``, warmup-stable-decay, D = ``decay_steps`` or T - W when fewer). DeepSpeed still steps it after each applied
    update and saves it in engine checkpoints.
 4. ``amp_bf16`` is not a DeepSpeed mode: the engine is fp32 (weights, gradients, optimizer) and
    ``train_step`` runs each ``loss_fn`` under bf16 autocast (``components.precision``); the backward
@@ -121,11 +121,8 @@ def make_ds_config(
     if warmup_steps > total_steps:
         raise ValueError(f"warmup_steps={warmup_steps} > total_steps={total_steps}")
     _check_number("decay_steps", decay_steps, low=0, strict=False, integer=True)
-    if lr_schedule == "wsd" and not 1 <= decay_steps <= total_steps - warmup_steps:
-        raise ValueError(
-            f"decay_steps={decay_steps} must be in [1, total_steps - warmup_steps = "
-            f"{total_steps - warmup_steps}] for lr_schedule='wsd'"
-        )
+    if lr_schedule == "wsd" and decay_steps < 1:
+        raise ValueError(f"decay_steps={decay_steps} must be at least 1 for lr_schedule='wsd'")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"betas={betas!r} must be two numbers in [0, 1)")
 
@@ -167,15 +164,16 @@ def lr_factor(
 
     Warmup: (step + 1) / warmup_steps for step < warmup_steps. Then ``linear_decay``:
     (total_steps - step) / (total_steps - warmup_steps), 0 from ``total_steps`` on; ``constant``: 1;
-    ``wsd`` (warmup-stable-decay, Hu et al. 2024, MiniCPM): 1 until the last ``decay_steps`` updates,
-    then (total_steps - step) / decay_steps.
+    ``wsd`` (warmup-stable-decay, Hu et al. 2024, MiniCPM): 1 until the last D updates, then
+    (total_steps - step) / D, with D = min(``decay_steps``, total_steps - warmup_steps).
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if lr_schedule == "constant":
         return 1.0
     if lr_schedule == "wsd":
-        return max(0.0, min(1.0, (total_steps - step) / max(1, decay_steps)))
+        decay = min(decay_steps, total_steps - warmup_steps)
+        return max(0.0, min(1.0, (total_steps - step) / max(1, decay)))
     if lr_schedule != "linear_decay":
         raise ValueError(f"lr_schedule={lr_schedule!r} must be one of {list(_SCHEDULES)}")
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
