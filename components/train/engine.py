@@ -62,7 +62,15 @@ from components.device import to_device
 from components.precision import TrainDtype, autocast, resolve_train_dtype, use_tf32
 from components.train.distributed import dp_rank_world, init_distributed
 
-__all__ = ["LossFn", "LrSchedule", "autocast_for", "build_engine", "lr_factor", "make_ds_config", "train_step"]
+__all__ = [
+    "LossFn",
+    "LrSchedule",
+    "autocast_for",
+    "build_engine",
+    "lr_factor",
+    "make_ds_config",
+    "train_step",
+]
 
 # loss_fn(engine, micro_batch) -> (scalar loss already divided by the global normaliser, metrics)
 LossFn = Callable[[Any, Any], "tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]"]
