@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +35,7 @@ from pydantic import (
 )
 
 from components.registry import Registry, UnknownNameError
-from components.rollout.base import EngineSettings
+from components.rollout.base import EngineSettings, cpu_ids
 
 __all__ = [
     "ConfigError",
@@ -102,6 +102,11 @@ def _known(kind: str) -> Callable[[Any], Any]:
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, validate_default=True)
+
+
+def _without_defaults(dump: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``dump`` without the keys of ``defaults`` whose value is their default there."""
+    return {k: v for k, v in dump.items() if not (k in defaults and v == defaults[k])}
 
 
 class PrepareParams(Section):
@@ -235,16 +240,37 @@ class RolloutParams(Section):
     # background while updates k-s..k-1 are computed. 0 = synchronous: every rollout by the weights
     # its update starts from. s >= 1 needs an off-policy treatment (Params._staleness_is_corrected).
     staleness: int = Field(0, ge=0)
+    # Partial rollouts (components.train.partial): an iteration's rollout stops as soon as it has
+    # its batch of complete groups; the episodes still running go on in the next iteration's rollout,
+    # under its weights, each step keeping the policy version that generated it.
+    partial: bool = False
+    # Groups in flight at once with partial rollouts, as a multiple of the batch's groups (>= 1): each
+    # rollout tops the pool up with new groups and stops once the batch's worth are complete, so the
+    # slowest (pool - 1) share goes on in the next iteration. 1 waits for every group, as without.
+    partial_pool: float = Field(1.5, ge=1.0, le=8.0)
+    # The CPUs the own-process engine's worker binds its threads to (vLLM's VLLM_CPU_OMP_THREADS_BIND):
+    # auto (vLLM's choice: on 2 CPUs it keeps one for its scheduler and binds the worker to the other),
+    # nobind, or a list such as "1" or "2-3,6". Only for the engine in its own process
+    # (rollout.staleness >= 1 or deepspeed.world_size > 1); train.threads sets the trainer's side.
+    engine_cpus: str = "auto"
 
     _tool_parser_known = field_validator("tool_parser")(_known("tool_parser"))
 
+    @field_validator("engine_cpus")
+    @classmethod
+    def _cpu_list(cls, value: str) -> str:
+        if value in ("auto", "nobind") or cpu_ids(value):
+            return value
+        raise ValueError(f"engine_cpus={value!r}: give auto, nobind or a CPU list such as '1' or '0,2-3'")
+
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """The section's dump without ``staleness`` at 0 (synchronous): what a run's fingerprint,
-        its Prefect cache keys and its MLflow params read stays what it was before the key existed."""
-        out = handler(self)
-        if self.staleness == 0:
-            out.pop("staleness", None)
+        """The section's dump without the keys added since runs were recorded, at their defaults
+        (``staleness`` 0, ``partial`` off and its pool, ``engine_cpus`` auto): what a run's fingerprint, its Prefect
+        cache keys and its MLflow params read stays what it was before those keys existed."""
+        out = _without_defaults(handler(self), {"staleness": 0, "partial": False, "engine_cpus": "auto"})
+        if not self.partial:
+            out.pop("partial_pool", None)
         return out
 
     def episode_limits(self) -> dict[str, int | None]:
@@ -273,6 +299,7 @@ class RolloutParams(Section):
             gpu_memory_utilization=self.gpu_memory_utilization,
             sleep_mode=self.sleep_during_update and updates and self.staleness == 0,
             own_process=own_process,
+            cpu_bind=self.engine_cpus,
         )
 
 
@@ -525,9 +552,18 @@ class TrainParams(Section):
     std_filter_keep: float = Field(1.0, gt=0, le=1)
     dynamic_sampling: bool = False
     dynamic_sampling_rounds: int = Field(3, ge=1)
+    # The train stage's torch threads (null: OMP_NUM_THREADS, else at most 2: components.determinism).
+    # Beside an engine in its own process (rollout.engine_cpus) 1 leaves the other core to it.
+    threads: int | None = Field(None, ge=1)
 
     _kl_known = field_validator("kl_kind")(_known("kl_kind"))
     _val_temperatures_ok = field_validator("val_temperatures")(_temperatures_valid)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The section's dump without ``threads`` at null, so a run's fingerprint, cache keys and MLflow
+        params stay what they were before the key existed."""
+        return _without_defaults(handler(self), {"threads": None})
 
     @model_validator(mode="after")
     def _rollout_logprobs_need_t1(self) -> TrainParams:
@@ -867,8 +903,9 @@ class Params(Section):
         run-wide refusals, then ``algo``'s own (None: the run-wide ones only). The load checks the
         algorithms of compare.algorithms; the train stage the one it runs."""
         s, r, t = self.rollout.staleness, self.rollout, self.train
-        if s == 0:
-            return None
+        problem = self._overlap_problem(algo)
+        if problem is not None or s == 0:
+            return problem
         if r.engine == "hf":
             return (
                 f"rollout.staleness={s} generates in a thread beside the update, but rollout.engine='hf' "
@@ -893,6 +930,39 @@ class Params(Section):
                 "and never weighs by the rollout's log-probs, so the stale samples would count as "
                 f"on-policy; set algorithms.{algo}.correction to tis or decoupled (weight pi_old / "
                 "pi_behav), or train.old_logprobs to rollout (the ratio pi / pi_behav)"
+            )
+        return None
+
+    def _overlap_problem(self, algo: str | None) -> str | None:
+        """Why ``rollout.partial`` cannot run as set (None when it can, and always when it is off)."""
+        r, t = self.rollout, self.train
+        if r.engine_cpus != "auto" and r.staleness == 0 and self.deepspeed.world_size == 1:
+            return (
+                f"rollout.engine_cpus={r.engine_cpus!r} binds the threads of the engine in its own "
+                "process, which runs only at rollout.staleness >= 1 or deepspeed.world_size > 1; the "
+                "in-process engine shares the trainer's threads (train.threads): set engine_cpus auto"
+            )
+        if not r.partial:
+            return None
+        if self.deepspeed.world_size > 1:
+            return (
+                f"rollout.partial with deepspeed.world_size={self.deepspeed.world_size}: partial rollouts "
+                "are built for one rank; set deepspeed.world_size 1 or rollout.partial false"
+            )
+        if algo is None:
+            return None
+        key = self.group_filter_key(algo)
+        if key is not None:
+            return (
+                f"rollout.partial with {key}: a partial rollout's batch is the first complete groups, "
+                "a group filter picks among all the groups it sampled; turn one of them off"
+            )
+        if self.algorithms[algo].correction == "none" and t.old_logprobs != "rollout":
+            return (
+                "rollout.partial: an episode carried to the next iteration goes on under newer weights, so "
+                f"its earlier steps are off-policy, but algorithms.{algo}.correction='none' with "
+                f"train.old_logprobs={t.old_logprobs!r} would count them as on-policy; set "
+                f"algorithms.{algo}.correction to tis or decoupled, or train.old_logprobs to rollout"
             )
         return None
 

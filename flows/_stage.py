@@ -150,17 +150,17 @@ def read_params(path: str) -> Params:
 _DETERMINISM: DeterminismSettings | None = None  # what stage_main set; tagged on the stage's MLflow run
 
 
-def make_stage_deterministic(params: Params) -> DeterminismSettings:
+def make_stage_deterministic(params: Params, threads: int | None = None) -> DeterminismSettings:
     """Seed random/numpy/torch with ``params.seed``, deterministic torch algorithms and a fixed thread
-    count (``OMP_NUM_THREADS`` if set, else at most 2: components.determinism), before the stage does
-    anything. The thread count can change float results: it is tagged on the MLflow run.
+    count (``threads``; None: ``OMP_NUM_THREADS`` if set, else at most 2: components.determinism),
+    before the stage does anything. The thread count can change float results: it is tagged on the MLflow run.
 
     ``params`` is the stage's validated params file (:func:`read_params`, which stage_main calls once
     before this). Stages that need their own streams still derive them from params.seed (e.g.
     per-iteration seeds).
     """
     global _DETERMINISM
-    settings = _DETERMINISM = make_deterministic(params.seed)
+    settings = _DETERMINISM = make_deterministic(params.seed, threads=threads)
     print(
         f"determinism: seed {settings.seed}, {settings.threads} torch thread(s), deterministic algorithms",
         flush=True,

@@ -26,6 +26,7 @@ only evaluates again.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import time
@@ -47,6 +48,7 @@ from components.io import write_json, write_parquet, write_text
 from components.marker import MARKER_FILE as MARKER
 from components.model.tiny import is_complete_checkpoint, save_hf
 from components.plots import line_chart
+from components.rollout.base import cpu_bind_problem
 from components.schemas import StepSchema, validate_table
 from components.train.advantage import compute_advantages
 from components.train.collapse import collapse_metrics
@@ -73,6 +75,7 @@ from flows._stage import (
     STAGE_PARTS,
     StageError,
     log_metrics_once,
+    make_stage_deterministic,
     mlflow_run,
     process_age,
     read_params,
@@ -82,12 +85,17 @@ from flows._stage import (
 from flows._trajectories import render_samples
 from flows.evaluate import evaluate
 from flows.train_metrics import anchor_metrics, iteration_metrics
+from flows.train_partial import carried_table, partial_rollout
 from flows.train_settings import (
     actor_settings,
     critic_settings,
     group_filter,
+    iter_dir,
     kl_term,
+    prompts_per_iteration,
     resolved,
+    rl_prompts,
+    run_dir,
     session_config,
     warm_critic,
 )
@@ -110,19 +118,6 @@ def algo_params(params: Params, algo: str, rl_seed: int) -> dict:
         "dynamic_sampling": params.dynamic_sampling(algo),
     }
     return {"algo.name": algo, **{f"algo.{k}": v for k, v in block.items()}, "algo.rl_seed": rl_seed}
-
-
-def rl_prompts(train: pl.DataFrame, params: Params) -> pl.DataFrame:
-    """The train rows RL samples prompts from: those after the first ``sft.rows`` (all if None)."""
-    return train.slice(params.sft.rows or 0)
-
-
-def run_dir(name: str) -> Path:
-    return REPO / "runs" / name
-
-
-def iter_dir(name: str, k: int) -> Path:
-    return run_dir(name) / f"iter_{k:04d}"
 
 
 def fingerprint(
@@ -163,11 +158,6 @@ def _algo_fingerprint(params: Params, algo: str) -> dict:
     if block["correction"] == "none":
         del block["correction"], block["correction_cap"]
     return block
-
-
-def prompts_per_iteration(params: Params, algo: str) -> int:
-    """The prompts an iteration's batch needs: trajectories_per_iteration / samples_per_prompt."""
-    return max(params.train.trajectories_per_iteration // params.algorithms[algo].samples_per_prompt, 1)
 
 
 def prompt_pool_note(params: Params, algo: str, pool: int) -> str | None:
@@ -551,7 +541,11 @@ def _iteration(
     timing = {}
     t0 = time.perf_counter()
     train_split = str(processed(params.task) / "train.parquet")
-    played = rollout(session, algo, name, k, policy_marker, train_split, params, run)
+    if params.rollout.partial:  # the weights after update k-1 are policy version k
+        carried = carried_table(name, k)
+        played = partial_rollout(session, algo, name, k, k, policy_marker, train_split, carried, params, run)
+    else:
+        played = rollout(session, algo, name, k, policy_marker, train_split, params, run)
     rollouts = played["rollouts"]
     timing["rollout"] = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -640,7 +634,10 @@ def _record_iteration(
 
 
 # --- rollout.staleness >= 1 (components.train.staleness) -------------------------------------------
-@task(cache_key_fn=content_key("policy", "train_split", ignore=("session", "engine")), persist_result=True)
+@task(
+    cache_key_fn=content_key("policy", "train_split", "carried", ignore=("session", "engine")),
+    persist_result=True,
+)
 def versioned_rollout(
     session: Session,
     engine: VersionedEngine,
@@ -650,15 +647,20 @@ def versioned_rollout(
     version: int,
     policy: str,
     train_split: str,
+    carried: str | None,
     params: Params,
     run: str,
 ) -> dict:
     """:func:`rollout` of iteration ``k`` by policy version ``version`` (``policy``: the marker of its
     weights, the SFT model's or iteration version-1's checkpoint's), which the engine is made to hold
-    first. Its tables get each step's ``policy_version``; its result the wall-clock start and end of
+    first; at ``rollout.partial`` the partial rollout going on from ``carried`` (flows.train_partial).
+    Its tables get each step's ``policy_version``; its result the wall-clock start and end of
     the generation (``started``, ``ended``; a cached result keeps those of the run that made it)."""
     started = time.time()
     engine.hold(version)
+    if params.rollout.partial:  # its steps carry their own versions
+        out = partial_rollout.fn(session, algo, name, k, version, policy, train_split, carried, params, run)
+        return {**out, "version": version, "started": started, "ended": time.time()}
     out = rollout.fn(session, algo, name, k, policy, train_split, params, run)
     for table in ("rollouts.parquet", "sampled.parquet"):
         path = iter_dir(name, k) / table
@@ -716,6 +718,7 @@ class _Ahead:
             v,
             _marker(policy),
             self.train_split,
+            carried_table(self.name, j) if p.rollout.partial else None,
             p,
             self.run,
         )
@@ -878,6 +881,12 @@ def main(params: str, algo: str, rl_seed: int) -> None:
     problem = p.staleness_problem(algo)
     if problem is not None:
         raise StageError(f"--algo {algo}: {problem}")
+    if p.rollout.staleness > 0 or p.deepspeed.world_size > 1:  # the engine runs in its own process
+        problem = cpu_bind_problem(p.rollout.engine_cpus, os.sched_getaffinity(0))
+        if problem is not None:
+            raise StageError(f"train: {problem}")
+    if p.train.threads is not None:  # before any engine starts (vLLM's worker freezes the count)
+        make_stage_deterministic(p, threads=p.train.threads)
     if p.model.lora.enabled:
         try:
             check_model_dir(SFT, p.model.lora.target_modules)

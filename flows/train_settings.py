@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
+
 from components.algos.kl import KLTerm
 from components.config import Params
 from components.model.tiny import is_complete_checkpoint
@@ -19,6 +21,24 @@ from components.train.rl_update import ActorSettings, CriticSettings
 from flows import REPO
 
 CRITIC = REPO / "models" / "critic"
+
+
+def rl_prompts(train: pl.DataFrame, params: Params) -> pl.DataFrame:
+    """The train rows RL samples prompts from: those after the first ``sft.rows`` (all if None)."""
+    return train.slice(params.sft.rows or 0)
+
+
+def run_dir(name: str) -> Path:
+    return REPO / "runs" / name
+
+
+def iter_dir(name: str, k: int) -> Path:
+    return run_dir(name) / f"iter_{k:04d}"
+
+
+def prompts_per_iteration(params: Params, algo: str) -> int:
+    """The prompts an iteration's batch needs: trajectories_per_iteration / samples_per_prompt."""
+    return max(params.train.trajectories_per_iteration // params.algorithms[algo].samples_per_prompt, 1)
 
 
 def resolved(params: Params, algo: str) -> dict:

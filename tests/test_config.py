@@ -73,7 +73,9 @@ def test_every_config_field_is_in_params_yaml():
     """Config is documentation: a field added to config.py but not to params.yaml is undocumented."""
     in_file = set(_leaf_paths(RAW))
     in_model = set(_leaf_paths(load_params(PARAMS).model_dump()))
-    in_model |= {"rollout.staleness"}  # left out of the dump at its default 0 (RolloutParams._dump)
+    # left out of the dump at their defaults (RolloutParams._dump, TrainParams._dump)
+    in_model |= {"rollout.staleness", "rollout.partial", "rollout.partial_pool", "rollout.engine_cpus"}
+    in_model |= {"train.threads"}
     missing = {
         k
         for k in in_model - in_file
@@ -670,3 +672,58 @@ def test_staleness_zero_is_left_out_of_the_dump_and_never_sleeps_the_engine_abov
     assert stale.model_dump()["rollout"]["staleness"] == 2
     assert base.rollout.engine_settings(0, updates=True).sleep_mode is True
     assert stale.rollout.engine_settings(0, updates=True).sleep_mode is False  # it generates meanwhile
+
+
+# --- rollout.partial, rollout.engine_cpus, train.threads -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        # carried episodes are off-policy: the default (detached, no correction) would count them on-policy
+        ({"rollout.partial": True}, ["rollout.partial", "algorithms.grpo.correction='none'", "off-policy"]),
+        (
+            {"rollout.partial": True, **_TIS, "train.dynamic_sampling": True},
+            ["rollout.partial", "train.dynamic_sampling", "first complete groups"],
+        ),
+        (
+            {"rollout.partial": True, **_TIS, "train.std_filter_keep": 0.5},
+            ["rollout.partial", "train.std_filter_keep"],
+        ),
+        ({"rollout.partial": True, **_TIS, "deepspeed.world_size": 2}, ["rollout.partial", "world_size=2"]),
+        # the in-process engine has no threads of its own to bind
+        ({"rollout.engine_cpus": "1"}, ["rollout.engine_cpus='1'", "staleness >= 1", "train.threads"]),
+        ({"rollout.engine_cpus": "one"}, ["engine_cpus='one'", "CPU list"]),
+        ({"rollout.engine_cpus": "3-1", "rollout.staleness": 1, **_TIS}, ["engine_cpus='3-1'"]),
+        ({"train.threads": 0}, ["train.threads", "greater than or equal to 1"]),
+    ],
+)
+def test_partial_and_thread_settings_refuse_what_cannot_run(changes, words):
+    msg = error_of(raw(**changes))
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_partial_and_thread_settings_load_and_dump_only_when_set():
+    base = parse_params(RAW)
+    for key in ("partial", "partial_pool", "engine_cpus"):
+        assert key not in base.rollout.model_dump()
+    assert "threads" not in base.train.model_dump()
+    p = parse_params(
+        raw(
+            **{
+                "rollout.partial": True,
+                "rollout.staleness": 1,
+                "rollout.engine_cpus": "1",
+                "train.threads": 1,
+                **_TIS,
+            }
+        )
+    )
+    assert p.rollout.model_dump()["partial"] is True and p.rollout.model_dump()["engine_cpus"] == "1"
+    assert p.rollout.model_dump()["partial_pool"] == 1.5
+    assert p.train.model_dump()["threads"] == 1
+    assert p.rollout.engine_settings(0, own_process=True).cpu_bind == "1"
+    assert p.staleness_problem("grpo") is None
+    # rollout log-probs are the behaviour policy's own: no correction is needed
+    assert parse_params(raw(**{"rollout.partial": True, "train.old_logprobs": "rollout"})).rollout.partial

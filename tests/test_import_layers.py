@@ -60,6 +60,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "flows._experiments",
             "flows._nodes",
             "flows.train_metrics",
+            "flows.train_partial",
             "flows.train_settings",
         ),
     ),

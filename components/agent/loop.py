@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -60,6 +60,7 @@ class Episode:
     done: bool = False
     env_steps: list[int] = field(default_factory=list)  # the records made by env.step, in order
     noops: dict[str, set[str]] = field(default_factory=dict)  # state key -> replies that changed nothing
+    turn: int = 0  # turns played so far (the next step's index)
 
 
 @dataclass(frozen=True)
@@ -93,23 +94,34 @@ def run_episodes(
     desc: str = "rollout",
     context_window: int | None = None,
     noop_escape: NoopEscape | None = None,
+    until: Callable[[], bool] | None = None,
 ) -> list[dict]:
     """Play every episode to its end; return the step records of all episodes, in episode order.
 
     ``context_window``: the number of past turns a prompt keeps after the first observation (None: all).
     ``noop_escape``: resample a reply known to change nothing (module docstring); None: never.
+    ``until`` (partial rollouts): asked after each turn; when it says True the call returns with the
+    unfinished episodes as they are (their records so far; process rewards only on ended episodes).
+    An episode that already has its first observation (:func:`replay_episode`) goes on from its
+    ``turn``; the others are reset. Each episode's turn ``t`` samples with the seed of (``seed``,
+    its trajectory, ``t``), so where an episode is resumed does not change what it could sample.
     """
     if context_window is not None and context_window < 1:
         raise ValueError(f"context_window must be >= 1 or None, got {context_window}")
     for ep in episodes:
+        if ep.first:  # replayed: goes on where it stopped
+            continue
         ep.first = renderer.prompt(ep.env.reset(ep.row))
-        ep.context, ep.segments, ep.env_steps = list(ep.first), [], []
+        ep.context, ep.segments, ep.env_steps, ep.turn = list(ep.first), [], [], 0
     bar = tqdm(total=len(episodes), desc=desc, unit="episode", leave=False)
-    for turn in range(max_steps):
+    bar.update(sum(ep.done for ep in episodes))
+    for _ in range(max_steps):
+        if until is not None and until():
+            break
         active = [ep for ep in episodes if not ep.done]
         overlong = [ep for ep in active if len(ep.context) > max_prompt_len]
         for ep in overlong:
-            _end_overlong(ep, turn)
+            _end_overlong(ep, ep.turn)
         bar.update(len(overlong))
         active = [ep for ep in active if not ep.done]
         if not active:
@@ -118,14 +130,14 @@ def run_episodes(
         gens = engine.generate(
             [ep.context for ep in active],
             sampling,
-            seeds=[episode_seed(seed, ep.traj_id, turn) for ep in active],
+            seeds=[episode_seed(seed, ep.traj_id, ep.turn) for ep in active],
         )
         actions = [renderer.decode(gen.token_ids) for (gen,) in gens]
         keys = [_state_key(ep.env) for ep in active]  # the states the actions respond to
         escapes = [0] * len(active)
         if noop_escape is not None:
             escapes = _escape_noops(
-                engine, renderer, active, gens, actions, keys, noop_escape, sampling, seed, turn
+                engine, renderer, active, gens, actions, keys, noop_escape, sampling, seed
             )
         outcomes = _step_envs([ep.env for ep in active], actions)
         if noop_escape is not None:
@@ -134,22 +146,16 @@ def run_episodes(
                     ep.noops.setdefault(key, set()).add(reply_key(action))
         for ep, (gen,), action, key, out, n in zip(active, gens, actions, keys, outcomes, escapes):
             _advance(
-                ep,
-                gen,
-                action,
-                key,
-                out,
-                renderer,
-                turn,
-                last_turn=turn == max_steps - 1,
-                window=context_window,
+                ep, gen, action, key, out, renderer, last_turn=ep.turn == max_steps - 1, window=context_window
             )
             if noop_escape is not None:
                 ep.steps[-1]["escapes"] = n
         bar.update(sum(ep.done for ep in active))
-        bar.set_postfix(turn=turn + 1, active=sum(not ep.done for ep in episodes))
+        bar.set_postfix(turn=max(ep.turn for ep in episodes), active=sum(not ep.done for ep in episodes))
     bar.close()
     for ep in episodes:
+        if not ep.done:  # stopped by ``until``: its process rewards come when it ends
+            continue
         _add_process_rewards(ep)
         if noop_escape is not None:
             for s in ep.steps:
@@ -167,7 +173,6 @@ def _escape_noops(
     escape: NoopEscape,
     sampling: SamplingConfig,
     seed: int,
-    turn: int,
 ) -> list[int]:
     """Resample, in place in ``gens``/``actions``, every reply that already changed nothing from its
     state; return the resamples each episode took."""
@@ -184,7 +189,7 @@ def _escape_noops(
         redo = engine.generate(
             [active[i].context for i in stuck],
             hot,
-            seeds=[episode_seed(seed + attempt, active[i].traj_id, turn) for i in stuck],
+            seeds=[episode_seed(seed + attempt, active[i].traj_id, active[i].turn) for i in stuck],
         )
         for i, gen in zip(stuck, redo):
             gens[i], actions[i], taken[i] = gen, renderer.decode(gen[0].token_ids), attempt
@@ -276,7 +281,6 @@ def _advance(
     obs_key: str,
     out: Any,
     renderer: ChatRenderer,
-    turn: int,
     last_turn: bool,
     window: int | None,
 ) -> None:
@@ -284,15 +288,14 @@ def _advance(
     environment answered ``out``, and extend the episode's context."""
     cut = gen.finish_reason != "stop"  # cut at max_response_len: no stop token
     ep.env_steps.append(len(ep.steps))
-    feedback = "\n".join(str(m.get("content", "")) for m in out.messages)
+    feedback = _feedback(out.messages, cut, len(gen.token_ids))
     info = dict(out.info)
     if cut:
-        feedback = f"[response cut at {len(gen.token_ids)} tokens] {feedback}"
         info["format_error"] = True
     ep.done = bool(out.done) or last_turn
     _record(
         ep,
-        turn,
+        ep.turn,
         ep.context,
         gen.token_ids,
         gen.logprobs,
@@ -304,14 +307,63 @@ def _advance(
         info=info,
         obs_key=obs_key,
     )
+    ep.turn += 1
     if not ep.done:
-        close = [renderer.stop_id] if cut else []  # the cut turn is closed by the observation
-        segment = list(gen.token_ids) + close + renderer.observation(out.messages)
-        if window is None:
-            ep.context = ep.context + segment
-        else:
-            ep.segments = (ep.segments + [segment])[-window:]
-            ep.context = ep.first + [t for seg in ep.segments for t in seg]
+        _extend(ep, gen.token_ids, cut, out.messages, renderer, window)
+
+
+def _feedback(messages: Sequence[Mapping], cut: bool, n_tokens: int) -> str:
+    """The record's ``feedback``: the environment's messages, after a note when the response was cut."""
+    text = "\n".join(str(m.get("content", "")) for m in messages)
+    return f"[response cut at {n_tokens} tokens] {text}" if cut else text
+
+
+def _extend(
+    ep: Episode,
+    ids: Sequence[int],
+    cut: bool,
+    messages: Sequence[Mapping],
+    renderer: ChatRenderer,
+    window: int | None,
+) -> None:
+    """The next context: the response ids (closed by the stop token where it was cut) and the rendered
+    observation after the current context, or after the first observation within the window."""
+    close = [renderer.stop_id] if cut else []  # the cut turn is closed by the observation
+    segment = list(ids) + close + renderer.observation(list(messages))
+    if window is None:
+        ep.context = ep.context + segment
+    else:
+        ep.segments = (ep.segments + [segment])[-window:]
+        ep.context = ep.first + [t for seg in ep.segments for t in seg]
+
+
+def replay_episode(
+    ep: Episode, renderer: ChatRenderer, records: Sequence[Mapping], *, context_window: int | None = None
+) -> str | None:
+    """Rebuild an unfinished episode from its step ``records`` (a partial rollout carried to the next
+    iteration): reset its environment, play each recorded action again and rebuild the context exactly
+    as :func:`run_episodes` built it, so the episode goes on from ``records``' last step with the
+    same token ids. Each step's recorded prompt must equal the rebuilt context and the environment
+    must answer as recorded; None when every step does, else the departure in words (``ep`` is then
+    left unusable: end the episode at its last record). The records are copied onto ``ep.steps``."""
+    ep.first = renderer.prompt(ep.env.reset(ep.row))
+    ep.context, ep.segments, ep.env_steps, ep.steps, ep.turn = list(ep.first), [], [], [], 0
+    for i, rec in enumerate(records):
+        where = f"episode {ep.traj_id} step {i}"
+        if list(rec["prompt_ids"]) != ep.context:
+            return f"{where}: the rebuilt prompt differs from the recorded one"
+        if rec["done"]:
+            return f"{where}: the record says the episode ended"
+        ids = list(rec["response_ids"])
+        cut = not ids or ids[-1] != renderer.stop_id
+        out = ep.env.step(str(rec["action"]))
+        if bool(out.done) or _feedback(out.messages, cut, len(ids)) != rec["feedback"]:
+            return f"{where}: the environment answered otherwise than recorded"
+        ep.env_steps.append(len(ep.steps))
+        ep.steps.append(dict(rec))
+        ep.turn += 1
+        _extend(ep, ids, cut, out.messages, renderer, context_window)
+    return None
 
 
 def _end_overlong(ep: Episode, turn: int) -> None:

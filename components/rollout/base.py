@@ -38,6 +38,9 @@ class EngineSettings:
     # vLLM in a process of its own, apart from a data-parallel trainer's torch.distributed world (the
     # "hf" engine never touches that world and stays in this process).
     own_process: bool = False
+    # The CPUs an own-process engine's worker binds to (vLLM's VLLM_CPU_OMP_THREADS_BIND): auto, nobind
+    # or a list ("1", "0,2-3"). The in-process engine leaves the environment as it is.
+    cpu_bind: str = "auto"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -82,3 +85,37 @@ class RolloutEngine(Protocol):
         """Undo ``sleep`` before the next ``generate`` or ``sync_weights``."""
 
     def close(self) -> None: ...
+
+
+def cpu_ids(spec: str) -> list[int]:
+    """The CPU ids of a list such as ``"0,2-3"`` ([] when it is not one)."""
+    ids: list[int] = []
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
+            return []
+        ids.extend(range(int(lo), int(hi if sep else lo) + 1))
+    return sorted(set(ids))
+
+
+def cpu_bind_problem(bind: str, allowed: set[int]) -> str | None:
+    """Why an own-process vLLM engine cannot bind its worker as ``bind`` says on a process allowed the
+    CPUs ``allowed`` (None when it can): a listed CPU it may not run on, or ``auto`` with one CPU,
+    where vLLM keeps that CPU for its scheduler and leaves the worker none."""
+    if bind == "nobind":
+        return None
+    if bind == "auto":
+        if len(allowed) < 2:
+            return (
+                f"the rollout engine in its own process binds its worker with rollout.engine_cpus=auto, "
+                f"which keeps one CPU for vLLM's scheduler, and this process may run on {len(allowed)}: "
+                "set rollout.engine_cpus nobind, or give the stage 2 CPUs or more"
+            )
+        return None
+    missing = sorted(set(cpu_ids(bind)) - allowed)
+    if missing:
+        return (
+            f"rollout.engine_cpus={bind!r} names CPU(s) {missing} this process may not run on "
+            f"(allowed: {sorted(allowed)})"
+        )
+    return None

@@ -60,15 +60,17 @@ def _set_cpu_defaults(kv_cache_gib: float) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def _engine_env(own_process: bool) -> Mapping[str, str | None]:
+def _engine_env(own_process: bool, cpu_bind: str = "auto") -> Mapping[str, str | None]:
     """The environment vLLM reads while it starts: in-process, or a spawned engine process that does
-    not see this process's torch.distributed world (neither its group nor its launcher variables)."""
+    not see this process's torch.distributed world (neither its group nor its launcher variables),
+    its worker's threads bound to ``cpu_bind`` (VLLM_CPU_OMP_THREADS_BIND)."""
     if not own_process:
         return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     return {
         **dict.fromkeys(_WORLD_VARS),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",  # a fork would inherit the group
+        **({} if cpu_bind == "auto" else {"VLLM_CPU_OMP_THREADS_BIND": cpu_bind}),
     }
 
 
@@ -110,7 +112,7 @@ class VLLMEngine:
             kind = "DiesWithParentUniProc" if torch.cuda.is_available() else "DiesWithParentMultiproc"
             gpu_kw["distributed_executor_backend"] = f"components.rollout.vllm_executor.{kind}"
         self.own_process = own_process
-        with patched_environ(_engine_env(own_process)):
+        with patched_environ(_engine_env(own_process, settings.cpu_bind)):
             import vllm.envs
 
             if own_process and not vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:

@@ -159,6 +159,7 @@ class RLSession:
         seed: int,
         desc: str,
         context_window: int | None = None,
+        until: Callable[[], bool] | None = None,
     ) -> list[dict]:
         return run_episodes(
             self.rollout_engine,
@@ -171,6 +172,7 @@ class RLSession:
             seed=seed,
             desc=desc,
             context_window=context_window,
+            until=until,
         )
 
     # --- what the estimator and losses read ---------------------------------------------------------
