@@ -256,10 +256,12 @@ class RolloutParams(Section):
 
     _tool_parser_known = field_validator("tool_parser")(_known("tool_parser"))
 
-    @field_validator("engine_cpus")
+    @field_validator("engine_cpus", mode="before")
     @classmethod
-    def _cpu_list(cls, value: str) -> str:
-        if value in ("auto", "nobind") or cpu_ids(value):
+    def _cpu_list(cls, value: Any) -> str:
+        if isinstance(value, int) and not isinstance(value, bool):  # `-S rollout.engine_cpus=1`: YAML's int
+            value = str(value)
+        if isinstance(value, str) and (value in ("auto", "nobind") or cpu_ids(value)):
             return value
         raise ValueError(f"engine_cpus={value!r}: give auto, nobind or a CPU list such as '1' or '0,2-3'")
 

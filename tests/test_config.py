@@ -724,6 +724,11 @@ def test_partial_and_thread_settings_load_and_dump_only_when_set():
     assert p.rollout.model_dump()["partial_pool"] == 1.5
     assert p.train.model_dump()["threads"] == 1
     assert p.rollout.engine_settings(0, own_process=True).cpu_bind == "1"
+    # `-S rollout.engine_cpus=1` reaches the params as YAML's int 1
+    assert (
+        parse_params(raw(**{"rollout.staleness": 1, "rollout.engine_cpus": 1, **_TIS})).rollout.engine_cpus
+        == "1"
+    )
     assert p.staleness_problem("grpo") is None
     # rollout log-probs are the behaviour policy's own: no correction is needed
     assert parse_params(raw(**{"rollout.partial": True, "train.old_logprobs": "rollout"})).rollout.partial
