@@ -98,6 +98,8 @@ def partial_rollout(
     groups = len(set(group_of.values()))
 
     def enough() -> bool:
+        if any(ep.turn == 0 and not ep.done for ep in live):  # every started episode plays a turn first
+            return False
         ended = {traj: True for traj in kept} | {ep.traj_id: ep.done for ep in live}
         return len(complete_groups(ended, group_of)) >= min(need, groups)
 
