@@ -66,8 +66,9 @@ class StepSchema(pa.DataFrameModel):
     # null where the task scores nothing. Optional: tables written before it existed have none.
     process_reward: float | None = pa.Field(nullable=True)
     # The policy version that generated the step (components.train.staleness: 0 = the initial
-    # weights, v = the weights after update v-1). Only with rollout.staleness >= 1: a synchronous
-    # run's table has none (every row is its iteration's version).
+    # weights, v = the weights after update v-1). Only with rollout.staleness >= 1 or rollout.partial
+    # (a carried step keeps the older version): a synchronous run's table has none (every row is its
+    # iteration's version).
     policy_version: int | None = pa.Field(nullable=True, ge=0)
 
     class Config:
