@@ -32,9 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.rl_iteration import _dotted, _merge, run_stage
+from benchmarks.rl_iteration import _dotted, _merge, copy_code, run_stage
 
-ROOT = Path(__file__).resolve().parent.parent
 CODE = ("components", "flows", "pyproject.toml")
 FROM_WORKSPACE = ("params.yaml", "data/processed", "models/sft", "models/critic")
 
@@ -42,12 +41,7 @@ FROM_WORKSPACE = ("params.yaml", "data/processed", "models/sft", "models/critic"
 def prepare(dest: Path, workspace: Path, iterations: int, sets: list[str]) -> list[str]:
     """A copy of ``workspace``'s inputs and this checkout's code in ``dest``; the skipped override keys."""
     dest.mkdir(parents=True)
-    for name in CODE:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, dest / name)
+    copy_code(dest, CODE)
     for name in FROM_WORKSPACE:
         src = workspace / name
         if src.is_dir():

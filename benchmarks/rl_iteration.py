@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -108,6 +109,16 @@ def _dotted(sets: list[str]) -> dict:
     return out
 
 
+def copy_code(dest: Path, names: Sequence[str]) -> None:
+    """This checkout's files or directories ``names`` (relative to the repo root) into ``dest``."""
+    for name in names:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+
+
 def prepare_copy(
     dest: Path, commit: str | None, iterations: int, sets: list[str], overlay: list[str] = ()
 ) -> list[str]:
@@ -115,12 +126,7 @@ def prepare_copy(
     working-tree paths copied over it (e.g. one file under test on top of HEAD)."""
     dest.mkdir(parents=True)
     if commit is None:
-        for name in COPIED:
-            src = ROOT / name
-            if src.is_dir():
-                shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                shutil.copy2(src, dest / name)
+        copy_code(dest, COPIED)
     else:
         archive = subprocess.run(
             ["git", "-C", str(ROOT), "archive", commit, *COPIED], check=True, capture_output=True
