@@ -8,18 +8,14 @@ rollout goes on from the in-flight table alone) to the same final weights as the
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import time
 
 import polars as pl
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.flows.workspace import BIN, TINY, make_workspace, run
+from tests.flows.workspace import TINY, kill_when_written, make_workspace, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -84,23 +80,8 @@ def test_partial_rollouts_train_whole_groups_lose_nothing_and_resume_exactly(tmp
     assert sum(unfinished) > 0, "no episode was carried mid-episode"
     assert max(m["rollout/staleness_max"] for m in metrics) >= 1  # a carried step trained a version later
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DVC_"))}
-    env.update(PATH=f"{BIN}{os.pathsep}{env['PATH']}", PYTHONPATH=str(killed))
-    proc = subprocess.Popen(
-        TRAIN,
-        cwd=killed,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     target = killed / "runs" / NAME / "iter_0001" / "batch.parquet"
-    deadline = time.time() + 900
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert target.exists(), "train never reached update 1"
+    assert kill_when_written(TRAIN, killed, target), "train never reached update 1"
     out = run(TRAIN, killed, timeout=1200)
     assert f"{NAME}: resuming after iteration 0" in out.stdout + out.stderr
 

@@ -7,16 +7,12 @@ uninterrupted run ends (same rollouts in the last iteration).
 
 from __future__ import annotations
 
-import os
-import signal
 import sqlite3
-import subprocess
-import time
 
 import polars as pl
 import pytest
 
-from tests.flows.workspace import BIN, make_workspace, run
+from tests.flows.workspace import kill_when_written, make_workspace, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -49,23 +45,9 @@ def _train(ws, **kw):
 
 def test_kill_mid_iteration_then_resume(tmp_path):
     ws = _prepared(tmp_path / "a")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env.update(PATH=f"{BIN}{os.pathsep}{env['PATH']}", PYTHONPATH=str(ws))
-    proc = subprocess.Popen(
-        ["python", "-m", "flows.train", "--algo", ALGO, "--rl-seed", str(SEED)],
-        cwd=ws,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     target = ws / "runs" / NAME / "iter_0001" / "batch.parquet"
-    deadline = time.time() + 900
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert target.exists(), "train never reached iteration 1"
+    train = ["python", "-m", "flows.train", "--algo", ALGO, "--rl-seed", str(SEED)]
+    assert kill_when_written(train, ws, target, poll=0.2), "train never reached iteration 1"
     first = ws / "runs" / NAME / "iter_0000" / "rollouts.parquet"
     before = first.stat().st_mtime_ns
 

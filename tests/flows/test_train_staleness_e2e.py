@@ -8,19 +8,15 @@ resumes to the same final weights as the uninterrupted run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import sqlite3
-import subprocess
-import time
 
 import polars as pl
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.flows.workspace import BIN, TINY, make_workspace, run
+from tests.flows.workspace import TINY, kill_when_written, make_workspace, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -88,23 +84,8 @@ def test_staleness_1_overlaps_generation_and_update_and_resumes_exactly(tmp_path
     assert [s for (s,) in steps] == list(range(ITERATIONS))
 
     # killed while update 1 and rollout 2 run together, then resumed
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DVC_"))}
-    env.update(PATH=f"{BIN}{os.pathsep}{env['PATH']}", PYTHONPATH=str(killed))
-    proc = subprocess.Popen(
-        TRAIN,
-        cwd=killed,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     target = killed / "runs" / NAME / "iter_0001" / "batch.parquet"  # update 1 starts on it
-    deadline = time.time() + 900
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert target.exists(), "train never reached update 1"
+    assert kill_when_written(TRAIN, killed, target), "train never reached update 1"
     assert not (killed / "runs" / NAME / "iter_0001" / "done.json").exists()
     out = run(TRAIN, killed, timeout=1200)
     log = out.stdout + out.stderr

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,16 +90,47 @@ def make_workspace(root: Path, overrides: dict | None = None) -> Path:
     return root
 
 
-def run(cmd: list[str], cwd: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+def _workspace_env(cwd: Path) -> dict[str, str]:
+    """This process's environment without its Prefect, MLflow and DVC settings, the venv first on PATH
+    and the workspace's code (not the developer's editable install) on PYTHONPATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DVC_"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(cwd)  # the workspace's code, not the developer's editable install
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    env["PYTHONPATH"] = str(cwd)
+    return env
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=_workspace_env(cwd), capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         )
     return proc
+
+
+def kill_when_written(
+    cmd: list[str], cwd: Path, target: Path, timeout: float = 900, poll: float = 0.05
+) -> bool:
+    """Start ``cmd`` in ``cwd`` (as :func:`run` would, in a session of its own) and SIGKILL its whole
+    process group as soon as ``target`` exists (or when it ends by itself, or after ``timeout``
+    seconds). True when ``target`` was written: the kill then fell after that point."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=_workspace_env(cwd),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + timeout
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(poll)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return target.exists()
 
 
 @contextlib.contextmanager
