@@ -661,13 +661,20 @@ def versioned_rollout(
     if params.rollout.partial:  # its steps carry their own versions
         out = partial_rollout.fn(session, algo, name, k, version, policy, train_split, carried, params, run)
         return {**out, "version": version, "started": started, "ended": time.time()}
+    pushes = getattr(engine.engine, "pushes_mid_generation", 0)
     out = rollout.fn(session, algo, name, k, policy, train_split, params, run)
     for table in ("rollouts.parquet", "sampled.parquet"):
         path = iter_dir(name, k) / table
         if path.is_file():
-            df = pl.read_parquet(path).with_columns(policy_version=pl.lit(version, pl.Int64))
+            df = pl.read_parquet(path)
+            # an in-flight engine stamped each generated step with the version it started with (steps
+            # with no generation get the rollout's); otherwise every step is the rollout's version
+            stamped = "policy_version" in df.columns
+            column = pl.col("policy_version").fill_null(version) if stamped else pl.lit(version)
+            df = df.with_columns(policy_version=column.cast(pl.Int64))
             write_parquet(validate_table(df, StepSchema, f"{name} iteration {k} {table}"), path)
-    return {**out, "version": version, "started": started, "ended": time.time()}
+    pushes = getattr(engine.engine, "pushes_mid_generation", 0) - pushes
+    return {**out, "version": version, "started": started, "ended": time.time(), "inflight_pushes": pushes}
 
 
 class _Ahead:
@@ -689,10 +696,11 @@ class _Ahead:
         iterations = params.train.iterations
         # the engine was built from the SFT weights and is synced from CPU copies only, never from
         # the actor's own tensors (restore(sync=False)): it holds version 0 until a rollout asks for more
-        self.engine = VersionedEngine(session.rollout_engine, version=0)
+        inflight = params.rollout.inflight_updates
+        self.engine = VersionedEngine(session.rollout_engine, version=0, inflight=inflight)
         if last >= 0:
             for v in pending_versions(first, self.s, iterations):
-                if 0 < v < first:
+                if 0 < v < first and not inflight:  # an in-flight engine gets the newest version only
                     session.restore(iter_dir(name, v - 1) / "checkpoint", sync=False)
                     self.engine.keep(v, session.actor_weights())
             session.restore(iter_dir(name, last) / "checkpoint", sync=False)
@@ -756,9 +764,10 @@ class _Ahead:
         timing["sync"] = time.perf_counter() - t1
         steps = pl.read_parquet(rollouts)
         stale = staleness_metrics(steps["policy_version"].to_list(), current=k)
-        metrics = _batch_metrics(
-            params, algo, batch, out, played, steps, {f"rollout/{key}": v for key, v in stale.items()}
-        )
+        extra = {f"rollout/{key}": v for key, v in stale.items()}
+        if params.rollout.inflight_updates:  # pushes that landed in this rollout's generation
+            extra["rollout/inflight_pushes"] = float(played.get("inflight_pushes", 0))
+        metrics = _batch_metrics(params, algo, batch, out, played, steps, extra)
         if _validation_due(t, k):
             t1 = time.perf_counter()
             self.worker.drain()  # every rollout started so far is by version <= k: none is left to wait

@@ -75,6 +75,7 @@ def test_every_config_field_is_in_params_yaml():
     in_model = set(_leaf_paths(load_params(PARAMS).model_dump()))
     # left out of the dump at their defaults (RolloutParams._dump, TrainParams._dump)
     in_model |= {"rollout.staleness", "rollout.partial", "rollout.partial_pool", "rollout.engine_cpus"}
+    in_model |= {"rollout.inflight_updates"}
     in_model |= {"train.threads"}
     missing = {
         k
@@ -696,6 +697,13 @@ def test_staleness_zero_is_left_out_of_the_dump_and_never_sleeps_the_engine_abov
         ({"rollout.engine_cpus": "one"}, ["engine_cpus='one'", "CPU list"]),
         ({"rollout.engine_cpus": "3-1", "rollout.staleness": 1, **_TIS}, ["engine_cpus='3-1'"]),
         ({"train.threads": 0}, ["train.threads", "greater than or equal to 1"]),
+        # in-flight pushes go to the engine in its own process, which runs at staleness >= 1
+        ({"rollout.inflight_updates": True}, ["rollout.inflight_updates", "rollout.staleness 1 or more"]),
+        (
+            {"rollout.inflight_updates": True, "rollout.staleness": 1, "rollout.partial": True, **_TIS},
+            ["rollout.inflight_updates with rollout.partial is not built"],
+        ),
+        ({"rollout.inflight_updates": True, "rollout.staleness": 1}, ["algorithms.grpo.correction='none'"]),
     ],
 )
 def test_partial_and_thread_settings_refuse_what_cannot_run(changes, words):
@@ -706,8 +714,12 @@ def test_partial_and_thread_settings_refuse_what_cannot_run(changes, words):
 
 def test_partial_and_thread_settings_load_and_dump_only_when_set():
     base = parse_params(RAW)
-    for key in ("partial", "partial_pool", "engine_cpus"):
+    for key in ("partial", "partial_pool", "engine_cpus", "inflight_updates"):
         assert key not in base.rollout.model_dump()
+    inflight = parse_params(raw(**{"rollout.staleness": 1, "rollout.inflight_updates": True, **_TIS})).rollout
+    assert inflight.model_dump()["inflight_updates"] is True
+    assert inflight.engine_settings(0, own_process=True).inflight_updates is True
+    assert base.rollout.engine_settings(0, own_process=True).inflight_updates is False
     assert "threads" not in base.train.model_dump()
     p = parse_params(
         raw(

@@ -160,7 +160,11 @@ def run_episodes(
         if noop_escape is not None:
             for s in ep.steps:
                 s.setdefault("escapes", 0)  # a record made without a generation (overlong first prompt)
-    return [s for ep in episodes for s in ep.steps]
+    steps = [s for ep in episodes for s in ep.steps]
+    if any("policy_version" in s for s in steps):  # every row gets the column (None: no generation)
+        for s in steps:
+            s.setdefault("policy_version", None)
+    return steps
 
 
 def _escape_noops(
@@ -228,6 +232,7 @@ def _record(
     feedback: str,
     info: Mapping[str, Any],
     obs_key: str,
+    version: int | None = None,
 ) -> None:
     ep.steps.append(
         {
@@ -251,6 +256,8 @@ def _record(
             # info["task_metrics"] of the final step, else ""): read by the recipe's episode_metrics hook.
             "task_metrics": str(info.get("task_metrics") or ""),
             "process_reward": None,  # filled in when the episode has ended (_add_process_rewards)
+            # the policy version the engine stamped the generation with (an in-flight engine's), if any
+            **({} if version is None else {"policy_version": version}),
         }
     )
 
@@ -306,6 +313,7 @@ def _advance(
         feedback=feedback,
         info=info,
         obs_key=obs_key,
+        version=getattr(gen, "policy_version", None),
     )
     ep.turn += 1
     if not ep.done:

@@ -41,12 +41,17 @@ class EngineSettings:
     # The CPUs an own-process engine's worker binds to (vLLM's VLLM_CPU_OMP_THREADS_BIND): auto, nobind
     # or a list ("1", "0,2-3"). The in-process engine leaves the environment as it is.
     cpu_bind: str = "auto"
+    # An own-process vLLM engine that takes new weights while it generates
+    # (components.rollout.vllm_inflight); needs own_process.
+    inflight_updates: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"unknown rollout engine {self.engine!r}; valid: {list(ENGINES)}")
         if not 0.0 < self.gpu_memory_utilization < 1.0:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1)")
+        if self.inflight_updates and not (self.engine == "vllm" and self.own_process):
+            raise ValueError("inflight_updates needs the vllm engine in its own process (own_process=True)")
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,10 @@ class Generation:
     logprobs: list[float]
     # "stop" (the stop token was emitted; it is the last id) or "length" (cut at max_tokens).
     finish_reason: str
+    # The policy version of the weights the generation started with, where the engine counts versions
+    # (the in-flight engine, components.rollout.vllm_inflight: later tokens may be a newer version's);
+    # None where the caller knows which weights it synced.
+    policy_version: int | None = None
 
 
 class RolloutEngine(Protocol):

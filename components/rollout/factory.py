@@ -36,6 +36,10 @@ def make_engine(settings: EngineSettings, model_dir: str, *, stop_token_ids: lis
             settings.sleep_mode,
             where,
         )
+    if settings.engine == "vllm" and settings.inflight_updates:
+        from components.rollout.vllm_inflight import InflightVLLMEngine
+
+        return InflightVLLMEngine(model_dir, settings, stop_token_ids=stop_token_ids, gpu=cuda)
     if settings.engine == "vllm":
         from components.rollout.vllm_engine import VLLMEngine
 

@@ -94,9 +94,12 @@ class VLLMEngine:
         ``settings.sleep_mode`` (``enable_sleep_mode``: :meth:`sleep` frees the GPU memory during the
         update) reach vLLM; without it vLLM keeps its defaults and never sleeps."""
         _set_cpu_defaults(settings.kv_cache_gib)
-        from vllm import LLM  # imported late: it reads the environment at import time
+        from vllm import LLM  # noqa: F401  imported late (it reads the environment at import time); _start uses it
 
         own_process, max_model_len = settings.own_process, settings.max_model_len
+        # The version each generation is stamped with (Generation.policy_version): None here, where the
+        # caller knows which weights it synced; the in-flight engine counts its pushes.
+        self.policy_version: int | None = None
         self.stop_token_ids = list(stop_token_ids)
         self.prefix_caching = prefix_caching
         self.token_budget = max(token_budget, max_model_len)
@@ -123,7 +126,7 @@ class VLLMEngine:
                 )
             if not own_process:
                 gc.freeze()  # departure 5
-            self.llm = LLM(
+            self.llm = self._start(
                 model=str(model_dir),
                 dtype=resolve_rollout_dtype(settings.dtype),
                 max_model_len=max_model_len,
@@ -135,6 +138,12 @@ class VLLMEngine:
                 disable_log_stats=not log_stats,
                 **gpu_kw,
             )
+
+    def _start(self, **engine_args):
+        """The vLLM client this engine drives, started with ``engine_args`` (vLLM's engine arguments)."""
+        from vllm import LLM
+
+        return LLM(**engine_args)
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None
@@ -156,18 +165,24 @@ class VLLMEngine:
             for i in range(len(prompts))
         ]
         self._warm_prefix_cache(prompts)
+        version = self.policy_version
         outputs = []
         for lo, hi in self._chunks([len(p) for p in prompts]):  # each chunk's prefill fits the budget
-            outputs += self.llm.generate(requests[lo:hi], params[lo:hi], use_tqdm=False)
+            outputs += self._run(requests[lo:hi], params[lo:hi])
         result = []
         for out in outputs:
             gens = []
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
                 lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
-                gens.append(Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
+                finish = "stop" if c.finish_reason == "stop" else "length"
+                gens.append(Generation(ids, lps, finish, policy_version=version))
             result.append(gens)
         return result
+
+    def _run(self, requests: list[dict], params: list | object) -> list:
+        """vLLM's ``RequestOutput`` of each request (one ``SamplingParams`` each, or one for all), in order."""
+        return self.llm.generate(requests, params, use_tqdm=False)
 
     def _warm_prefix_cache(self, prompts: list[list[int]]) -> None:
         """Prefill each distinct prompt once (one greedy token) before the batch when some prompt
@@ -183,7 +198,7 @@ class VLLMEngine:
         warm = [{"prompt_token_ids": p} for p in distinct.values()]
         one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         for lo, hi in self._chunks([len(r["prompt_token_ids"]) for r in warm]):
-            self.llm.generate(warm[lo:hi], one, use_tqdm=False)
+            self._run(warm[lo:hi], one)
 
     def _chunks(self, lengths: list[int]) -> list[tuple[int, int]]:
         spans, lo, total = [], 0, 0

@@ -11,7 +11,8 @@ A batch's staleness is k minus the version of each of its rows (at most s).
 
 :class:`VersionedEngine` keeps CPU copies of the weights of the versions that rollouts still due may
 ask for and syncs the engine only when a generation asks for another version than the one it holds,
-so the weight sync always falls between two generations. :class:`AheadWorker` is one thread that runs
+so the weight sync always falls between two generations (or, with an in-flight engine, pushes each
+version as it is made, into a running generation too). :class:`AheadWorker` is one thread that runs
 the rollouts in the order they were submitted, each in a copy of the submitter's context (contextvars:
 the flow's run context reaches a task called in the thread).
 
@@ -94,16 +95,32 @@ class VersionedEngine:
 
     ``keep(v, weights)`` stores a CPU copy of version v; ``hold(v)`` makes the engine hold v (a sync
     only when it holds another) and forgets the copies of older versions: a run asks for versions in
-    ascending order. ``syncs`` counts the syncs made."""
+    ascending order. ``syncs`` counts the syncs made.
 
-    def __init__(self, engine: Any, version: int = 0) -> None:
+    ``inflight`` (an engine that takes weights while it generates: ``sync_weights(weights, version)``
+    from any thread, components.rollout.vllm_inflight): ``keep(v, ...)`` pushes v into the engine at
+    once instead, a generation running or not, and ``hold(v)`` only checks that the engine holds v or a
+    newer version, which is what a rollout due to version v may use."""
+
+    def __init__(self, engine: Any, version: int = 0, *, inflight: bool = False) -> None:
         self.engine = engine
         self.version = version
         self.syncs = 0
+        self.inflight = inflight
         self._weights: dict[int, dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
     def keep(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        if self.inflight:
+            with self._lock:
+                if version <= self.version:
+                    raise RuntimeError(
+                        f"version {version} pushed to an engine holding version {self.version}"
+                    )
+                self.engine.sync_weights(weights, version=version)
+                self.version = version
+                self.syncs += 1
+            return
         copy = cpu_copy(weights)
         with self._lock:
             self._weights[version] = copy
@@ -116,6 +133,13 @@ class VersionedEngine:
         """Make the engine hold ``version``; True when that took a weight sync. Call between two
         generations, never during one."""
         with self._lock:
+            if self.inflight:
+                if self.version < version:
+                    raise RuntimeError(
+                        f"the in-flight rollout engine holds policy version {self.version} and was asked "
+                        f"for {version}, which was never pushed"
+                    )
+                return False
             synced = version != self.version
             if synced:
                 if version not in self._weights:

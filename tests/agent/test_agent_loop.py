@@ -3,6 +3,8 @@ episode ends, one generate call per turn, batch-independent seeds, and episode_m
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from agent_helpers import ScriptedEngine, answer, call, logprobs_for, row
 
@@ -462,3 +464,38 @@ def test_episode_metrics_of_a_real_run(tok, renderer, eos):
     assert m["tool_calls_per_step"] == pytest.approx(3 / 6)
     assert m["tool_calls_per_episode"] == pytest.approx(3 / 3)
     assert m["answer_without_tool_rate"] == pytest.approx(1 / 3)  # c's untagged final text
+
+
+# --- policy versions stamped by an in-flight engine -------------------------------------------
+
+
+class VersionedScriptedEngine(ScriptedEngine):
+    """Stamps every generation with the version it holds, one more after each generate call (as an
+    in-flight engine whose weights were pushed between two turns)."""
+
+    version = 3
+
+    def generate(self, prompts, sampling, seeds=None):
+        out = [
+            [replace(g, policy_version=self.version) for g in gens]
+            for gens in super().generate(prompts, sampling, seeds)
+        ]
+        self.version += 1
+        return out
+
+
+def test_the_version_an_engine_stamps_is_each_steps_and_a_step_without_generation_has_none(tok, renderer):
+    short, long_ = row("a", Q3, "96"), row("b", "What is 1 + 1? " + "Think about it carefully. " * 20, "2")
+    limit = len(first_prompt(renderer, long_)) - 1
+    engine = VersionedScriptedEngine(
+        tok, {Q3: [call("5 - 9"), answer("96")], long_["question"]: [answer("2")]}
+    )
+    steps = run_episodes(engine, renderer, episodes(short, long_), **{**LOOSE, "max_prompt_len": limit})
+    by_traj = {t: [s["policy_version"] for s in steps if s["traj_id"] == t] for t in ("a-0", "b-0")}
+    assert by_traj == {"a-0": [3, 4], "b-0": [None]}  # b's overlong first prompt was never generated
+
+
+def test_rows_have_no_policy_version_when_the_engine_stamps_none(tok, renderer, eos):
+    engine = ScriptedEngine(tok, {Q3: [call("5 - 9"), answer("96")]})
+    steps = run_episodes(engine, renderer, episodes(row("a", Q3, "96")), **LOOSE)
+    assert len(steps) == 2 and not any("policy_version" in s for s in steps)

@@ -179,3 +179,63 @@ def test_a_simulated_run_generates_each_rollout_with_its_version_beside_the_upda
     for k in range(iterations - 1):  # rollout k+1 overlaps update k
         (g0, g1), (u0, u1) = generated[k + 1][1:], updates[k]
         assert g0 < u1 and u0 < g1, (k, generated[k + 1], updates[k])
+
+
+class _InflightEngine(_Engine):
+    """Takes a version with its weights, as components.rollout.vllm_inflight does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.versions: list[int] = []
+
+    def sync_weights(self, state: dict, version: int | None = None) -> None:
+        super().sync_weights(state)
+        self.versions.append(version)
+
+
+def test_an_inflight_engine_gets_each_version_when_it_is_kept_and_hold_only_checks():
+    engine = _InflightEngine()
+    held = VersionedEngine(engine, version=0, inflight=True)
+    assert held.hold(0) is False and engine.synced == []
+    held.keep(1, {"w": torch.ones(1)})
+    assert engine.versions == [1] and held.version == 1 and held.kept() == []  # pushed, no copy kept
+    assert held.hold(0) is False and held.hold(1) is False  # a rollout due to version 0 may use 1
+    with pytest.raises(
+        RuntimeError, match="holds policy version 1 and was asked for 2, which was never pushed"
+    ):
+        held.hold(2)
+    with pytest.raises(RuntimeError, match="version 1 pushed to an engine holding version 1"):
+        held.keep(1, {"w": torch.ones(1)})
+    held.keep(2, {"w": torch.ones(1) * 2})
+    assert engine.synced == [1.0, 2.0] and held.syncs == 2
+
+
+def test_a_simulated_inflight_run_generates_each_rollout_with_its_version_or_a_newer_one():
+    """As the simulated run above, with pushes: each rollout starts with the newest version there is,
+    never older than its behaviour version max(0, j - s) nor newer than j."""
+    s, iterations = 1, 5
+    engine = _InflightEngine()
+    held = VersionedEngine(engine, version=0, inflight=True)
+    worker = AheadWorker()
+    started: dict[int, int] = {}
+
+    def generate(j: int, v: int) -> int:
+        held.hold(v)
+        started[j] = held.version
+        time.sleep(0.02)
+        return j
+
+    futures, submitted = {}, 0
+    try:
+        for k in range(iterations):
+            for j in due_rollouts(k, s, iterations, submitted):
+                futures[j] = worker.submit(generate, j, behaviour_version(j, s))
+                submitted = j + 1
+            futures.pop(k).result()
+            time.sleep(0.05)  # the update
+            held.keep(k + 1, {"w": torch.tensor(float(k + 1))})
+        worker.drain()
+    finally:
+        worker.close()
+    assert engine.versions == list(range(1, iterations + 1))
+    assert all(behaviour_version(j, s) <= v <= j for j, v in started.items()), started
