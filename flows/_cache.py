@@ -43,14 +43,16 @@ def _plain(value: Any) -> Any:
 
 
 def content_key(*file_params: str, ignore: tuple[str, ...] = ()) -> Callable[[Any, dict[str, Any]], str]:
-    """The key of a task: its source, the bytes at its ``file_params``, its other parameters but
-    ``ignore`` (those that do not change its result, e.g. the run it is called from)."""
+    """The key of a task: its source, the bytes at its ``file_params`` (a file parameter may be None:
+    no file), its other parameters but ``ignore`` (those that do not change its result, e.g. the run
+    it is called from)."""
 
     def key(context: Any, parameters: dict[str, Any]) -> str:
         h = hashlib.sha256()
         h.update(inspect.getsource(context.task.fn).encode())
         for name in file_params:
-            h.update(name.encode() + file_digest(parameters[name]).encode())
+            path = parameters[name]
+            h.update(name.encode() + (b"\0none" if path is None else file_digest(path).encode()))
         rest = {k: _plain(v) for k, v in parameters.items() if k not in file_params + ignore}
         h.update(json.dumps(rest, sort_keys=True, default=str).encode())
         return f"{context.task.name}-{h.hexdigest()[:32]}"

@@ -29,6 +29,17 @@ def test_content_key_follows_file_bytes_and_parameters_but_not_ignored_ones(tmp_
     )
 
 
+def test_a_file_parameter_may_be_none(tmp_path):
+    """versioned_rollout's ``carried`` table is None without partial rollouts: its rollout must still
+    get a key (a key that raises leaves the result unpersisted, so a resumed run generates it again)."""
+    data = tmp_path / "d.parquet"
+    data.write_bytes(b"")
+    key_fn = content_key("data", ignore=("run", "params"))
+    none = _key(key_fn, x=1, data=None, run="grpo-s0", params={})
+    assert none == _key(key_fn, x=1, data=None, run="ppo-s1", params={})
+    assert none != _key(key_fn, x=1, data=str(data), run="grpo-s0", params={})  # not an empty file's
+
+
 def test_source_digest_follows_python_files_only(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
