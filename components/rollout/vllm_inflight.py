@@ -149,7 +149,11 @@ class InflightVLLMEngine(VLLMEngine):
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is not None:
-            llm.shutdown()
+
+            async def shutdown() -> None:  # on the loop, whose tasks (the output handler) it cancels
+                llm.shutdown()
+
+            self._call(shutdown())
             del self.llm
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
