@@ -149,11 +149,21 @@ def table(runs: list[SweepRun]) -> str:
     )
 
 
+def _short(value: object, width: int = 24) -> str:
+    """A param's value for a panel title: cut to ``width`` characters."""
+    text = str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def chart(runs: list[SweepRun], path: Path, experiment: str) -> Path:
+    """One panel per DVC experiment and algorithm, titled with the settings that differ between the
+    experiments for that algorithm (not those that differ between algorithms), two to a line."""
     panels: dict[str, dict[str, tuple[list[float], list[float]]]] = defaultdict(dict)
-    keys = varying(runs)
+    keys = {algo: varying([r for r in runs if r.algo == algo]) for algo in {r.algo for r in runs}}
     for r in runs:
-        label = r.exp_name + ("\n" + ", ".join(f"{k}={r.params.get(k)}" for k in keys) if keys else "")
+        settings = [f"{k}={_short(r.params.get(k))}" for k in keys[r.algo]]
+        lines = [", ".join(settings[i : i + 2]) for i in range(0, len(settings), 2)]
+        label = "\n".join([f"{r.exp_name} ({r.algo})", *lines])
         panels[label][r.run_name] = ([k for k, _ in r.val], [v for _, v in r.val])
     return small_multiples(
         dict(sorted(panels.items())),
