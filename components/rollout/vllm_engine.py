@@ -42,10 +42,11 @@ Departure from vLLM's defaults:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
@@ -53,6 +54,19 @@ from components.dist_env import WORLD_VARS as _WORLD_VARS
 from components.environ import patched_environ
 from components.precision import resolve_rollout_dtype
 from components.rollout.base import EngineSettings, Generation, SamplingConfig
+
+
+@contextlib.contextmanager
+def weights_file(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[str]:
+    """The path of a temporary safetensors file holding ``weights`` (on the CPU), removed on exit: what
+    an own-process engine's worker loads (components.rollout.vllm_worker)."""
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory(prefix="steprl-sync-") as tmp:
+        path = os.path.join(tmp, "weights.safetensors")
+        # one storage per tensor: safetensors refuses tensors that share memory (a tied lm_head)
+        save_file({k: v.contiguous().clone() for k, v in weights}, path)
+        yield path
 
 
 def _set_cpu_defaults(kv_cache_gib: float) -> None:
@@ -220,12 +234,7 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def _sync_through_file(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        from safetensors.torch import save_file
-
-        with tempfile.TemporaryDirectory(prefix="steprl-sync-") as tmp:
-            path = os.path.join(tmp, "weights.safetensors")
-            # one storage per tensor: safetensors refuses tensors that share memory (a tied lm_head)
-            save_file({k: v.contiguous().clone() for k, v in weights}, path)
+        with weights_file(weights) as path:
             self.llm.collective_rpc("reload_weights_from_file", args=(path,))
 
     def sleep(self) -> bool:

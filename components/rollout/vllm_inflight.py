@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import tempfile
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
@@ -43,7 +41,7 @@ from types import SimpleNamespace
 import torch
 
 from components.rollout.base import EngineSettings
-from components.rollout.vllm_engine import VLLMEngine
+from components.rollout.vllm_engine import VLLMEngine, weights_file
 
 __all__ = ["InflightVLLMEngine"]
 
@@ -122,13 +120,7 @@ class InflightVLLMEngine(VLLMEngine):
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Load new weights, a generation running or not (module docstring); they are policy version
         ``version`` (None: the one after the version held)."""
-        from safetensors.torch import save_file
-
-        # one storage per tensor: safetensors refuses tensors that share memory (a tied lm_head)
-        weights = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-        with tempfile.TemporaryDirectory(prefix="steprl-push-") as tmp:
-            path = os.path.join(tmp, "weights.safetensors")
-            save_file(weights, path)
+        with weights_file((k, v.detach().to("cpu")) for k, v in state_dict.items()) as path:
 
             async def push() -> None:
                 await self.llm.pause_generation(mode="keep", clear_cache=True)
