@@ -142,22 +142,22 @@ def test_ahead_worker_runs_jobs_in_order_in_one_thread_with_the_submitters_conte
         worker.close()
 
 
-def test_a_simulated_run_generates_each_rollout_with_its_version_beside_the_update():
-    """The train stage's protocol at s = 1 with a fake engine: at the start of iteration k it keeps
-    nothing new (version k was kept after update k-1), starts the due rollouts, waits for rollout k,
-    updates, keeps version k+1. Rollout k+1 runs while update k runs; each rollout by its version."""
-    s, iterations = 1, 4
-    engine = _Engine()
-    held = VersionedEngine(engine, version=0)
+def _simulate(
+    held: VersionedEngine, s: int, iterations: int, generate_s: float, update_s: float
+) -> tuple[dict[int, tuple[int, float, float]], dict[int, tuple[float, float]]]:
+    """The train stage's protocol at staleness ``s`` with a fake engine: at the start of iteration k
+    start the due rollouts (each holds its behaviour version, then "generates" for ``generate_s``),
+    wait for rollout k, "update" for ``update_s``, keep version k+1. Each rollout's (version it held,
+    start, end) and each update's (start, end)."""
     worker = AheadWorker()
     generated: dict[int, tuple[int, float, float]] = {}
     updates: dict[int, tuple[float, float]] = {}
 
     def generate(j: int, v: int) -> int:
         held.hold(v)
-        t0 = time.monotonic()
-        time.sleep(0.05)
-        generated[j] = (held.version, t0, time.monotonic())
+        version, t0 = held.version, time.monotonic()
+        time.sleep(generate_s)
+        generated[j] = (version, t0, time.monotonic())
         return j
 
     futures, submitted = {}, 0
@@ -168,12 +168,21 @@ def test_a_simulated_run_generates_each_rollout_with_its_version_beside_the_upda
                 submitted = j + 1
             assert futures.pop(k).result() == k
             t0 = time.monotonic()
-            time.sleep(0.1)  # the update
+            time.sleep(update_s)
             updates[k] = (t0, time.monotonic())
             held.keep(k + 1, {"w": torch.tensor(float(k + 1))})
         worker.drain()
     finally:
         worker.close()
+    return generated, updates
+
+
+def test_a_simulated_run_generates_each_rollout_with_its_version_beside_the_update():
+    """At s = 1: at the start of iteration k nothing new is kept (version k was kept after update
+    k-1). Rollout k+1 runs while update k runs; each rollout by its version."""
+    s, iterations = 1, 4
+    engine = _Engine()
+    generated, updates = _simulate(VersionedEngine(engine, version=0), s, iterations, 0.05, 0.1)
     assert {j: g[0] for j, g in generated.items()} == {0: 0, 1: 0, 2: 1, 3: 2}
     assert engine.synced == [1.0, 2.0]  # one sync per new version, none for rollout 1
     for k in range(iterations - 1):  # rollout k+1 overlaps update k
@@ -215,27 +224,7 @@ def test_a_simulated_inflight_run_generates_each_rollout_with_its_version_or_a_n
     never older than its behaviour version max(0, j - s) nor newer than j."""
     s, iterations = 1, 5
     engine = _InflightEngine()
-    held = VersionedEngine(engine, version=0, inflight=True)
-    worker = AheadWorker()
-    started: dict[int, int] = {}
-
-    def generate(j: int, v: int) -> int:
-        held.hold(v)
-        started[j] = held.version
-        time.sleep(0.02)
-        return j
-
-    futures, submitted = {}, 0
-    try:
-        for k in range(iterations):
-            for j in due_rollouts(k, s, iterations, submitted):
-                futures[j] = worker.submit(generate, j, behaviour_version(j, s))
-                submitted = j + 1
-            futures.pop(k).result()
-            time.sleep(0.05)  # the update
-            held.keep(k + 1, {"w": torch.tensor(float(k + 1))})
-        worker.drain()
-    finally:
-        worker.close()
+    generated, _ = _simulate(VersionedEngine(engine, version=0, inflight=True), s, iterations, 0.02, 0.05)
+    started = {j: g[0] for j, g in generated.items()}
     assert engine.versions == list(range(1, iterations + 1))
     assert all(behaviour_version(j, s) <= v <= j for j, v in started.items()), started
