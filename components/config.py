@@ -580,15 +580,6 @@ class TrainParams(Section):
         return _without_defaults(handler(self), {"threads": None})
 
     @model_validator(mode="after")
-    def _rollout_logprobs_need_t1(self) -> TrainParams:
-        if self.old_logprobs == "rollout" and self.temperature != 1.0:
-            raise ValueError(
-                f"old_logprobs='rollout' needs temperature=1.0 (got temperature={self.temperature}): the "
-                "sampler reports log-probs of the untempered distribution; use old_logprobs='recompute'"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _micro_divides(self) -> TrainParams:
         for key in ("mini_batch_size", "critic_mini_batch_size"):
             size = getattr(self, key)
@@ -903,12 +894,6 @@ class Params(Section):
                     f"needs the trainer's own old log-probs beside the rollout's: train.old_logprobs="
                     f"{t.old_logprobs!r} {_WITHOUT_OLD.get(t.old_logprobs, 'does not give them')}; set "
                     f"train.old_logprobs to {' or '.join(c.old_logprobs)}, or the correction to none"
-                )
-            if t.temperature != 1.0:
-                raise ValueError(
-                    f"algorithms.{name}.correction={a.correction!r} needs train.temperature=1.0 (got "
-                    f"{t.temperature}): the rollout engine reports log-probs of the untempered "
-                    "distribution, which cannot be weighed against the trainer's tempered ones"
                 )
         return self
 

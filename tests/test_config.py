@@ -233,10 +233,6 @@ def test_every_bad_key_is_reported_at_once():
             {"train.critic_mini_batch_size": 100},
             ["train", "critic_mini_batch_size=100", "micro_batch_size=16"],
         ),
-        (
-            {"train.temperature": 0.7, "train.old_logprobs": "rollout"},
-            ["train", "old_logprobs='rollout'", "temperature=0.7"],
-        ),
         # detached old log-probs are exact only for one optimizer step over the whole iteration
         (
             {"train.old_logprobs": "detached", "train.ppo_epochs": 2},

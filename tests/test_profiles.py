@@ -42,6 +42,23 @@ def test_shipped_profiles_warm_the_critic_up(profile):
     assert p.critic_warmup.episodes > 0 and p.train.critic_lr == p.critic_warmup.lr
 
 
+@pytest.mark.parametrize("profile", ["sokoban", "code"])
+def test_profiles_at_t04_run_one_update_behind_with_a_correction(profile):
+    """The profiles sample their training rollouts at T=0.4; the engines report that distribution's
+    log-probs, so staleness 1 with tis (and pi_old from the rollout) load there."""
+    stale = {
+        "rollout.staleness": 1,
+        **{f"algorithms.{a}.correction": "tis" for a in ("grpo", "ppo", "steppo", "gigpo")},
+    }
+    p = load_params(REPO / "params.yaml", overrides={**RAW["profiles"][profile], **stale})
+    assert p.train.temperature == 0.4 and p.rollout.staleness == 1
+    assert p.staleness_problem("grpo") is None
+    p = load_params(
+        REPO / "params.yaml", overrides={**RAW["profiles"][profile], "train.old_logprobs": "rollout"}
+    )
+    assert p.train.old_logprobs == "rollout" and p.train.temperature == 0.4
+
+
 def test_unknown_profile_key_is_named_at_load():
     with pytest.raises(ConfigError, match=r"profiles\.x: 'rollout\.max_stepz' is not a params key"):
         parse_params(with_profiles({"x": {"rollout.max_stepz": 3}}))

@@ -2,8 +2,9 @@
 
 Same interface as the vLLM engine. The model sits on the stage's device
 (``components.device.stage_device``); prompts are left-padded into one batch per call and moved to
-the model's device. Log-probs are those of the raw logits (before temperature and top-p), as vLLM
-reports them.
+the model's device. Log-probs are those of the distribution sampled from at the request's temperature
+T, log_softmax(logits / T) (the raw logits' when greedy), as the vLLM engine reports them and the
+trainer computes them; top-p, which the pipeline never sets, is not applied to them.
 
 Departure from ``generate(output_logits=True)``: that keeps every step's full-vocabulary logits,
 (N, T, V) floats (64 sequences x 256 tokens x a 151,936-token vocabulary is 10 GB, then stacked and
@@ -30,9 +31,11 @@ class SampledLogprobs:
     """A forward hook (``register_forward_hook(..., with_kwargs=True)``) on a causal LM inside
     ``generate``: each forward's last-position log-softmax waits in ``pending`` until the next forward,
     whose ``input_ids`` end with the token sampled from it; then only that token's log-prob is kept.
-    After ``generate``, :meth:`finish` takes the last sampled token's."""
+    After ``generate``, :meth:`finish` takes the last sampled token's. ``temperature``: the logits are
+    divided by it first (1.0: the raw logits)."""
 
-    def __init__(self) -> None:
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = temperature
         self.pending: torch.Tensor | None = None  # (N, V) the latest step's log-softmax
         self.steps: list[torch.Tensor] = []  # (N,) per sampled token
 
@@ -40,7 +43,7 @@ class SampledLogprobs:
         if self.pending is not None:
             ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
             self._take(ids[:, -1])
-        self.pending = torch.log_softmax(output.logits[:, -1].float(), dim=-1)
+        self.pending = torch.log_softmax(output.logits[:, -1].float() / self.temperature, dim=-1)
 
     def _take(self, tokens: torch.Tensor) -> None:
         assert self.pending is not None
@@ -90,7 +93,7 @@ class HFEngine:
         expanded = [p for p in prompts for _ in range(sampling.n)]
         ids, mask = to_device(self.prompt_batch(expanded), model_device(self.model))
         greedy = sampling.temperature == 0
-        recorder = SampledLogprobs()
+        recorder = SampledLogprobs(1.0 if greedy else sampling.temperature)
         hook = self.model.register_forward_hook(recorder, with_kwargs=True)
         try:
             sequences = self.model.generate(

@@ -1,4 +1,4 @@
-"""vLLM rollout engine: token-in/token-out, log-probs, seeded sampling, in-place weight sync.
+"""vLLM rollout engine: token-in/token-out, log-probs of the sampled distribution, seeded sampling, in-place weight sync.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can hand it a
 state dict directly. With ``EngineSettings(own_process=True)`` it runs in a process of its own (vLLM's
@@ -38,6 +38,12 @@ Departure from vLLM's defaults:
    of the trainer's imports (about 0.5 s each on 2 cores); frozen objects are skipped, so they only
    walk what the start itself creates. Nothing else changes: objects are still freed by reference
    counting, and vLLM freezes the whole heap after its start anyway.
+6. ``logprobs_mode="processed_logprobs"``: the log-prob reported for a sampled token is that of the
+   distribution it was sampled from, softmax(logits / T) (after any top-p, which the pipeline never
+   sets), which is what the trainer computes at ``train.temperature`` T; vLLM's default reports the
+   raw, untempered log-probs, which at T != 1 cannot stand beside the trainer's (as pi_behav of an
+   off-policy correction, or as pi_old under ``train.old_logprobs: rollout``). At T = 1 the two
+   modes give the same numbers (the division by 1.0 is exact); greedy requests get the raw ones.
 """
 
 from __future__ import annotations
@@ -150,6 +156,7 @@ class VLLMEngine:
                 enable_prefix_caching=prefix_caching,
                 block_size=block_size,
                 disable_log_stats=not log_stats,
+                logprobs_mode="processed_logprobs",  # departure 6
                 **gpu_kw,
             )
 

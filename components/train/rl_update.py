@@ -213,20 +213,19 @@ def actor_update(
     rollout``), so there is no trainer-side old log-prob.
 
     The trainer's old log-probs (this forward's own with ``detach_old``, else the rows') against the
-    rollout's (the rows' ``response_logprobs``), at temperature 1 (the engines report untempered
-    log-probs), give ``mismatch/kl`` (mean k3 per response token), ``mismatch/max_abs_log_ratio`` and,
-    under a correction, ``mismatch/capped_frac`` (the capped share of tokens, averaged over optimizer
+    rollout's (the rows' ``response_logprobs``; the engines report the tempered distribution's, as
+    the trainer computes them), give ``mismatch/kl`` (mean k3 per response token),
+    ``mismatch/max_abs_log_ratio`` and, under a correction, ``mismatch/capped_frac`` (the capped share of tokens, averaged over optimizer
     steps) and ``pg_is_weight_mean``."""
     a = settings
     loss_fn_pg = get_policy_loss(a.policy_loss)
     has_behav = all(r.get("response_logprobs") is not None for r in rows)
-    both = has_behav and not old_from_rollout and a.temperature == 1.0  # trainer and rollout log-probs
+    both = has_behav and not old_from_rollout  # trainer and rollout log-probs
     if get_correction(a.correction).weigh is not None and not both:
         raise ValueError(
             f"correction={a.correction!r} needs the trainer's old log-probs beside the rollout's "
             f"(response_logprobs in every row: {has_behav}; old log-probs not the rollout's: "
-            f"{not old_from_rollout}) at temperature 1 (got {a.temperature}: the engines report "
-            "untempered log-probs)"
+            f"{not old_from_rollout})"
         )
     history, sums = [], []
     for plan in _mini_batches(rows, a.mini_batch_size, a.micro_batch_size, a.epochs, seed):

@@ -35,8 +35,9 @@ def test_logprobs_equal_a_plain_forward(engine, temperature, top_p):
             assert 1 <= len(g.token_ids) == len(g.logprobs) <= 12
             ids = torch.tensor([prompt + g.token_ids])
             with torch.no_grad():
-                logits = engine.model(input_ids=ids).logits[0].float()  # raw logits, no temperature
-            logp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
+                logits = engine.model(input_ids=ids).logits[0].float()
+            # the sampled distribution's log-probs: tempered (raw when greedy), top-p not applied
+            logp = torch.log_softmax(logits / (temperature or 1.0), -1)[len(prompt) - 1 : -1]
             want = logp.gather(-1, torch.tensor(g.token_ids).unsqueeze(-1)).squeeze(-1)
             torch.testing.assert_close(torch.tensor(g.logprobs), want, atol=1e-5, rtol=1e-5)
             assert (g.finish_reason == "stop") == (g.token_ids[-1] == 2)
