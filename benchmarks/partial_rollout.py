@@ -32,6 +32,8 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: this checkout's benchmarks
+
 from benchmarks.rl_iteration import _dotted, _merge, copy_code, run_stage
 
 CODE = ("components", "flows", "pyproject.toml")
