@@ -535,10 +535,11 @@ def _iteration(
     session: Session, params: Params, algo: str, name: str, k: int, run: str, val_seed: int
 ) -> dict:
     """Iteration ``k`` of the run (rollout -> score -> advantage -> update -> sync, then validation
-    with sampling seed ``val_seed`` when due); its metrics."""
+    with sampling seed ``val_seed`` when due); its metrics, with the wall-clock span of its generation
+    and update (``timeline/*``, as the overlapped run records them)."""
     t = params.train
     policy_marker = _marker(Path(session.version))
-    timing = {}
+    timing, timeline = {}, {"rollout_start": time.time()}
     t0 = time.perf_counter()
     train_split = str(processed(params.task) / "train.parquet")
     if params.rollout.partial:  # the weights after update k-1 are policy version k
@@ -547,16 +548,16 @@ def _iteration(
     else:
         played = rollout(session, algo, name, k, policy_marker, train_split, params, run)
     rollouts = played["rollouts"]
-    timing["rollout"] = time.perf_counter() - t0
+    timing["rollout"], timeline["rollout_end"] = time.perf_counter() - t0, time.time()
     t1 = time.perf_counter()
     scored = score(name, k, rollouts, run)
     timing["score"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     batch = advantage(session, algo, name, k, scored, policy_marker, params, run)
     timing["advantage"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
+    t1, timeline["update_start"] = time.perf_counter(), time.time()
     out = update(session, algo, name, k, batch, policy_marker, params, run)
-    timing["update"] = time.perf_counter() - t1
+    timing["update"], timeline["update_end"] = time.perf_counter() - t1, time.time()
     if session.version != out["checkpoint"]:  # a cached update: the engines must hold its result
         session.restore(out["checkpoint"])
     t1 = time.perf_counter()
@@ -569,7 +570,7 @@ def _iteration(
         metrics.update(validate(session, name, k, params, val_seed))
         timing["validation"] = time.perf_counter() - t1
     timing["iteration"] = time.perf_counter() - t0
-    return _record_iteration(name, k, metrics, timing, {}, steps, session.tokenizer, KEEP_CHECKPOINTS)
+    return _record_iteration(name, k, metrics, timing, timeline, steps, session.tokenizer, KEEP_CHECKPOINTS)
 
 
 def _marker(policy: Path) -> str:

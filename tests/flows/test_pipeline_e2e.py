@@ -74,6 +74,14 @@ def test_every_stage_produces_its_outputs(repro):
         ev = json.loads((ws / f"metrics/eval_{name}.json").read_text())
         assert problems["correct"].mean() == pytest.approx(ev["accuracy"])
         assert problems["sampled_correct"].mean() == pytest.approx(ev["sampled_accuracy"])
+        # the synchronous run records when its phases ran (benchmarks/timeline.py): none overlaps
+        spans = [
+            json.loads((ws / "runs" / name / f"iter_{k:04d}" / "metrics.json").read_text()) for k in (0, 1)
+        ]
+        for m in spans:
+            assert m["timeline/rollout_start"] < m["timeline/rollout_end"] <= m["timeline/update_start"]
+            assert m["timeline/update_start"] < m["timeline/update_end"]
+        assert spans[0]["timeline/update_end"] <= spans[1]["timeline/rollout_start"]
         for k in (0, 1):
             it = ws / "runs" / name / f"iter_{k:04d}"
             assert (it / "done.json").is_file()
