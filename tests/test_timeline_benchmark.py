@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.timeline import draw, spans
+from benchmarks.timeline import draw, overlap, spans
 
 
 def _iteration(run, k, metrics):
@@ -41,8 +41,9 @@ def test_recorded_spans_keep_their_overlap(tmp_path):
     )
     its, recorded = spans(run)
     assert recorded
-    assert its[0] == {"rollout": (0.0, 4.0), "update": (5.0, 10.0)}
+    assert its[0] == {"rollout": (0.0, 4.0), "update": (5.0, 10.0), "forwards": (5.0, 5.0)}
     assert its[1]["rollout"] == (4.5, 8.0)  # inside update 0
+    assert overlap(its) == pytest.approx(3.0)
     out = tmp_path / "t.png"
     draw({"s1": (its, recorded)}, out)
     assert out.stat().st_size > 1000
@@ -62,9 +63,10 @@ def test_unrecorded_spans_are_laid_out_from_durations(tmp_path):
     _iteration(run, 2, timing)
     its, recorded = spans(run)
     assert not recorded
-    assert its[0] == {"rollout": (0.0, 3.0), "update": (5.0, 9.0)}
-    assert its[1] == {"rollout": (10.0, 13.0), "update": (15.0, 19.0)}
+    assert its[0] == {"rollout": (0.0, 3.0), "forwards": (3.0, 5.0), "update": (5.0, 9.0)}
+    assert its[1] == {"rollout": (10.0, 13.0), "forwards": (13.0, 15.0), "update": (15.0, 19.0)}
     assert its[2]["rollout"] == (22.0, 25.0)  # after iteration 1's sync and validation
+    assert overlap(its) == 0.0
 
 
 def test_a_run_without_iterations_is_named(tmp_path):
