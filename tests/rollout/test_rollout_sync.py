@@ -1,5 +1,6 @@
 """vLLM rollout engine: log-probs equal the trainer's, before and right after an in-place weight sync,
-at a sampling temperature other than 1 (the tempered distribution's, as the trainer computes them), and after a sync of a LoRA actor's merged weights (components.train.lora). One engine for the module."""
+at a sampling temperature other than 1 (the tempered distribution's, as the trainer computes them),
+and after a sync of a LoRA actor's merged weights (components.train.lora). One engine for the module."""
 
 from __future__ import annotations
 
@@ -34,15 +35,18 @@ def setup(tmp_path_factory):
     engine.close()
 
 
-def _max_diff(tok, model, engine, seed: int, temperature: float = 1.0) -> tuple[float, int]:
-    """max |log-prob of vLLM - the trainer's at ``temperature``| over sampled responses, and their tokens."""
+def _max_diff(
+    tok, model, engine, seed: int, temperature: float = 1.0, trainer_temperature: float | None = None
+) -> tuple[float, int]:
+    """max |log-prob of vLLM - the trainer's| over responses sampled at ``temperature``, the trainer's
+    at ``trainer_temperature`` (None: the same), and their tokens."""
     prompts = [tok.encode(f"add {a} and") for a in (3, 17, 42, 99, 123, 250)]
     cfg = SamplingConfig(max_tokens=24, temperature=temperature)
     gens = engine.generate(prompts, cfg, seeds=[seed + i for i in range(len(prompts))])
     responses = [g[0].token_ids for g in gens]
     batch = make_token_batch(prompts, responses, pad_id=tok.pad_token_id)
     with torch.no_grad():
-        logp, _ = response_logprobs(model, batch, temperature=temperature)
+        logp, _ = response_logprobs(model, batch, temperature=trainer_temperature or temperature)
     diffs = [
         (logp[i, : len(g[0].logprobs)] - torch.tensor(g[0].logprobs)).abs().max().item()
         for i, g in enumerate(gens)
@@ -77,15 +81,7 @@ def test_logprobs_are_the_tempered_distributions(setup):
     assert n > 20
     assert tempered <= TOL, f"T=0.4: max |dlogp| = {tempered:.2e}"
     # the same samples against the untempered log-probs differ: the comparison can tell them apart
-    prompts = [tok.encode(f"add {a} and") for a in (3, 17, 42, 99, 123, 250)]
-    gens = engine.generate(prompts, SamplingConfig(max_tokens=24, temperature=0.4), seeds=list(range(5, 11)))
-    batch = make_token_batch(prompts, [g[0].token_ids for g in gens], pad_id=tok.pad_token_id)
-    with torch.no_grad():
-        raw, _ = response_logprobs(model, batch, temperature=1.0)
-    untempered = max(
-        (raw[i, : len(g[0].logprobs)] - torch.tensor(g[0].logprobs)).abs().max().item()
-        for i, g in enumerate(gens)
-    )
+    untempered, _ = _max_diff(tok, model, engine, seed=5, temperature=0.4, trainer_temperature=1.0)
     assert untempered > 10 * TOL, f"untempered log-probs are as close ({untempered:.2e}): a weak test"
 
 
