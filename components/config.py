@@ -250,9 +250,14 @@ class RolloutParams(Section):
     partial_pool: float = Field(1.5, ge=1.0, le=8.0)
     # The CPUs the own-process engine's worker binds its threads to (vLLM's VLLM_CPU_OMP_THREADS_BIND):
     # auto (vLLM's choice: on 2 CPUs it keeps one for its scheduler and binds the worker to the other),
-    # nobind, or a list such as "1" or "2-3,6". Only for the engine in its own process
-    # (rollout.staleness >= 1 or deepspeed.world_size > 1); train.threads sets the trainer's side.
+    # nobind, or a list such as "1" or "2-3,6". Only for the engine in its own process (rollout.own_process,
+    # rollout.staleness >= 1 or deepspeed.world_size > 1); train.threads sets the trainer's side.
     engine_cpus: str = "auto"
+    # vLLM in a process of its own at staleness 0 and one rank as well (as verl's standalone rollout
+    # against its hybrid engine): each update's weights reach it through its worker RPC instead of
+    # being loaded in place, and engine_cpus binds its threads. Always so at rollout.staleness >= 1
+    # and deepspeed.world_size > 1 (Params.engine_in_own_process). false: the in-process engine.
+    own_process: bool = False
     # In-flight weight updates (components.rollout.vllm_inflight), at rollout.staleness >= 1: each new
     # version is pushed into the engine as soon as the update has made it, into a running generation
     # too (paused between two decode steps, its requests kept and their caches recomputed), so a
@@ -275,12 +280,19 @@ class RolloutParams(Section):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The section's dump without the keys added since runs were recorded, at their defaults
-        (``staleness`` 0, ``partial`` off and its pool, ``engine_cpus`` auto, ``inflight_updates`` off): what a
+        (``staleness`` 0, ``partial`` off and its pool, ``engine_cpus`` auto, ``own_process`` and
+        ``inflight_updates`` off): what a
         run's fingerprint, its Prefect
         cache keys and its MLflow params read stays what it was before those keys existed."""
         out = _without_defaults(
             handler(self),
-            {"staleness": 0, "partial": False, "engine_cpus": "auto", "inflight_updates": False},
+            {
+                "staleness": 0,
+                "partial": False,
+                "engine_cpus": "auto",
+                "own_process": False,
+                "inflight_updates": False,
+            },
         )
         if not self.partial:
             out.pop("partial_pool", None)
@@ -897,6 +909,12 @@ class Params(Section):
                 )
         return self
 
+    def engine_in_own_process(self) -> bool:
+        """Whether the train stage's vLLM engine runs in a process of its own: where it generates
+        beside the update (``rollout.staleness`` >= 1), beside several data-parallel ranks, or where
+        ``rollout.own_process`` asks for it."""
+        return self.rollout.own_process or self.rollout.staleness > 0 or self.deepspeed.world_size > 1
+
     def staleness_problem(self, algo: str | None = None) -> str | None:
         """Why ``rollout.staleness`` > 0 cannot run as set (None when it can, and always at 0): the
         run-wide refusals, then ``algo``'s own (None: the run-wide ones only). The load checks the
@@ -936,11 +954,17 @@ class Params(Section):
         """Why ``rollout.engine_cpus``, ``rollout.inflight_updates`` or ``rollout.partial`` cannot run as
         set (None when they can)."""
         r, t = self.rollout, self.train
-        if r.engine_cpus != "auto" and r.staleness == 0 and self.deepspeed.world_size == 1:
+        if r.engine_cpus != "auto" and not self.engine_in_own_process():
             return (
                 f"rollout.engine_cpus={r.engine_cpus!r} binds the threads of the engine in its own "
-                "process, which runs only at rollout.staleness >= 1 or deepspeed.world_size > 1; the "
-                "in-process engine shares the trainer's threads (train.threads): set engine_cpus auto"
+                "process, which runs at rollout.own_process true, rollout.staleness >= 1 or "
+                "deepspeed.world_size > 1; the in-process engine shares the trainer's threads "
+                "(train.threads): set engine_cpus auto, or rollout.own_process true"
+            )
+        if r.own_process and r.engine != "vllm":
+            return (
+                f"rollout.own_process puts vLLM in a process of its own, but rollout.engine={r.engine!r} "
+                "generates in the trainer's process: set rollout.engine vllm or own_process false"
             )
         if r.inflight_updates and r.staleness == 0:
             return (

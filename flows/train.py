@@ -891,7 +891,7 @@ def main(params: str, algo: str, rl_seed: int) -> None:
     problem = p.staleness_problem(algo)
     if problem is not None:
         raise StageError(f"--algo {algo}: {problem}")
-    if p.rollout.staleness > 0 or p.deepspeed.world_size > 1:  # the engine runs in its own process
+    if p.engine_in_own_process():
         problem = cpu_bind_problem(p.rollout.engine_cpus, os.sched_getaffinity(0))
         if problem is not None:
             raise StageError(f"train: {problem}")

@@ -115,7 +115,8 @@ def session_config(
 ) -> SessionConfig:
     """The run's session settings; ``rollout=False`` (a follower rank of a data-parallel world) has no
     rollout engine; ``critic``: a fitted critic to start from (critic-based algorithms only). vLLM runs
-    in a process of its own beside several data-parallel ranks, and at rollout.staleness >= 1, where
+    in a process of its own where rollout.own_process asks, beside several data-parallel ranks, and
+    at rollout.staleness >= 1, where
     it generates while the update runs: in this process its kernels changed the update's last bits
     (the same update gave other weights in one of three tries beside an in-process generation, in
     none of five beside an own-process one), and a resume must reach the same weights."""
@@ -131,7 +132,7 @@ def session_config(
         warmup_steps=t.lr_warmup_steps,
         adam_eps=t.adam_eps,
         micro_batch_size=t.micro_batch_size,
-        rollout=r.engine_settings(params.seed, updates=True, own_process=ds.world_size > 1 or r.staleness > 0)
+        rollout=r.engine_settings(params.seed, updates=True, own_process=params.engine_in_own_process())
         if rollout
         else None,
         seed=params.seed,

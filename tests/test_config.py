@@ -75,7 +75,7 @@ def test_every_config_field_is_in_params_yaml():
     in_model = set(_leaf_paths(load_params(PARAMS).model_dump()))
     # left out of the dump at their defaults (RolloutParams._dump, TrainParams._dump)
     in_model |= {"rollout.staleness", "rollout.partial", "rollout.partial_pool", "rollout.engine_cpus"}
-    in_model |= {"rollout.inflight_updates"}
+    in_model |= {"rollout.inflight_updates", "rollout.own_process"}
     in_model |= {"train.threads"}
     missing = {
         k
@@ -689,7 +689,15 @@ def test_staleness_zero_is_left_out_of_the_dump_and_never_sleeps_the_engine_abov
         ),
         ({"rollout.partial": True, **_TIS, "deepspeed.world_size": 2}, ["rollout.partial", "world_size=2"]),
         # the in-process engine has no threads of its own to bind
-        ({"rollout.engine_cpus": "1"}, ["rollout.engine_cpus='1'", "staleness >= 1", "train.threads"]),
+        (
+            {"rollout.engine_cpus": "1"},
+            ["rollout.engine_cpus='1'", "own_process true", "staleness >= 1", "train.threads"],
+        ),
+        # only vLLM has a process of its own to run in
+        (
+            {"rollout.own_process": True, "rollout.engine": "hf"},
+            ["rollout.own_process", "rollout.engine='hf'"],
+        ),
         ({"rollout.engine_cpus": "one"}, ["engine_cpus='one'", "CPU list"]),
         ({"rollout.engine_cpus": "3-1", "rollout.staleness": 1, **_TIS}, ["engine_cpus='3-1'"]),
         ({"train.threads": 0}, ["train.threads", "greater than or equal to 1"]),
@@ -710,8 +718,17 @@ def test_partial_and_thread_settings_refuse_what_cannot_run(changes, words):
 
 def test_partial_and_thread_settings_load_and_dump_only_when_set():
     base = parse_params(RAW)
-    for key in ("partial", "partial_pool", "engine_cpus", "inflight_updates"):
+    for key in ("partial", "partial_pool", "engine_cpus", "own_process", "inflight_updates"):
         assert key not in base.rollout.model_dump()
+    assert base.engine_in_own_process() is False
+    # vLLM in its own process at staleness 0: the key is dumped (a new fingerprint) and binds its threads
+    own = parse_params(raw(**{"rollout.own_process": True, "rollout.engine_cpus": "1"}))
+    assert own.engine_in_own_process() is True and own.rollout.staleness == 0
+    assert own.rollout.model_dump()["own_process"] is True
+    assert own.staleness_problem("grpo") is None
+    # staleness >= 1 and several ranks put it there whatever own_process says
+    assert parse_params(raw(**{"rollout.staleness": 1, **_TIS})).engine_in_own_process() is True
+    assert parse_params(raw(**{"deepspeed.world_size": 2})).engine_in_own_process() is True
     inflight = parse_params(raw(**{"rollout.staleness": 1, "rollout.inflight_updates": True, **_TIS})).rollout
     assert inflight.model_dump()["inflight_updates"] is True
     assert inflight.engine_settings(0, own_process=True).inflight_updates is True

@@ -5,8 +5,8 @@ advantages, old log-probs (recomputed by the trainer before the update), referen
 KL loss is on), returns and old critic values. Mini-batches are split into micro-batches; every
 micro-batch loss is normalised by the counts of its WHOLE mini-batch (``loss_normalisers``), so the
 micro-batch size never changes the update. Tensors are built on the CPU (``step_tensors``) and moved to
-the engine's device in the loss (``components.device.to_device``). Non-finite losses or gradients skip that update
-(``train_step``) and are counted.
+the engine's device in the loss (``components.device.to_device``). Non-finite losses or gradients
+skip that update (``train_step``) and are counted.
 
 Losses, estimators and aggregation come from ``components.algos`` by name; this module never
 branches on an algorithm's name. The off-policy correction (``ActorSettings.correction``,
@@ -206,8 +206,8 @@ def actor_update(
     ``pg_clipfrac/step_<j>``, the clipped share of the j-th optimizer step (0-based) alone.
 
     Log-probs are of softmax(logits / temperature), the distribution the rollout sampled from.
-    ``seed`` shuffles the mini-batches. ``detach_old``: the old log-probs are this forward's own, detached (ratio exactly 1 at the first
-    step; only on-policy: one epoch, one mini-batch). The rows' ``old_logprobs`` are then the rollout's
+    ``seed`` shuffles the mini-batches. ``detach_old``: the old log-probs are this forward's own,
+    detached (ratio exactly 1 at the first step; only on-policy: one epoch, one mini-batch). The rows' ``old_logprobs`` are then the rollout's
     and give ``logprob_gap``, the mean |trainer - rollout| log-prob per response token.
     ``old_from_rollout``: the rows' ``old_logprobs`` are the rollout's (``train.old_logprobs:
     rollout``), so there is no trainer-side old log-prob.
@@ -215,8 +215,8 @@ def actor_update(
     The trainer's old log-probs (this forward's own with ``detach_old``, else the rows') against the
     rollout's (the rows' ``response_logprobs``; the engines report the tempered distribution's, as
     the trainer computes them), give ``mismatch/kl`` (mean k3 per response token),
-    ``mismatch/max_abs_log_ratio`` and, under a correction, ``mismatch/capped_frac`` (the capped share of tokens, averaged over optimizer
-    steps) and ``pg_is_weight_mean``."""
+    ``mismatch/max_abs_log_ratio`` and, under a correction, ``mismatch/capped_frac`` (the capped share
+    of tokens, averaged over optimizer steps) and ``pg_is_weight_mean``."""
     a = settings
     loss_fn_pg = get_policy_loss(a.policy_loss)
     has_behav = all(r.get("response_logprobs") is not None for r in rows)

@@ -11,7 +11,7 @@ import json
 import polars as pl
 import pytest
 
-from tests.flows.workspace import make_workspace, run
+from tests.flows.workspace import run, sft_workspace
 
 # Four stage processes, about 2.5 minutes on 2 cores: a second end-to-end pass beside
 # test_pipeline_e2e's, so outside the default run (`make test-all`); the toy task's own pieces are
@@ -40,9 +40,7 @@ TOY = {
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
-    root = make_workspace(tmp_path_factory.mktemp("toy_task"), TOY)
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], root, timeout=600)
+    root = sft_workspace(tmp_path_factory.mktemp("toy_task"), TOY, timeout=600)
     run(["python", "-m", "flows.train", "--algo", "grpo", "--rl-seed", "0"], root, timeout=900)
     return root
 

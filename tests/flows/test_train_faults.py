@@ -30,7 +30,7 @@ import pytest
 from safetensors.torch import load_file
 
 from components.train.rank_watch import STOP_GRACE_S
-from tests.flows.workspace import BIN, make_workspace, run
+from tests.flows.workspace import BIN, run, sft_workspace
 from tests.train.train_helpers import assert_weights_match
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -130,9 +130,7 @@ def _weights(ws: Path) -> dict:
 
 
 def test_killed_ranks_stop_the_stage_leave_nothing_and_resume_to_the_same_weights(tmp_path):
-    ws = make_workspace(tmp_path / "a", SETTINGS)
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], ws)
+    ws = sft_workspace(tmp_path / "a", SETTINGS)
     ref = tmp_path / "ref"
     shutil.copytree(ws, ref, ignore=shutil.ignore_patterns("mlflow", ".prefect"))
     runs = ws / "runs" / NAME

@@ -19,7 +19,7 @@ import sqlite3
 import polars as pl
 import pytest
 
-from tests.flows.workspace import TINY, kill_when_written, make_workspace, run
+from tests.flows.workspace import kill_when_written, one_grpo_run, run, sft_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -28,18 +28,7 @@ TRAIN = ["python", "-m", "flows.train", "--algo", "grpo", "--rl-seed", "0"]
 
 
 def _prepared(root):
-    ws = make_workspace(
-        root,
-        {
-            "rollout": {**TINY["rollout"], "staleness": 1, "inflight_updates": True},
-            "train": {**TINY["train"], "iterations": ITERATIONS, "val_every": 10, "entropy_coef": 0.01},
-            "algorithms": {**TINY["algorithms"], "grpo": {**TINY["algorithms"]["grpo"], "correction": "tis"}},
-            "compare": {"algorithms": ["grpo"], "seeds": [0]},
-        },
-    )
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], ws)
-    return ws
+    return sft_workspace(root, one_grpo_run(ITERATIONS, {"staleness": 1, "inflight_updates": True}, "tis"))
 
 
 def _check_iterations(ws) -> list[dict]:

@@ -11,13 +11,13 @@ import json
 
 import pytest
 
-from tests.flows.workspace import TINY, make_workspace, run
+from tests.flows.workspace import TINY, run, sft_workspace
 
 pytestmark = pytest.mark.slow
 
 
 def test_one_ppo_iteration_with_lora_writes_adapters_and_a_merged_final(tmp_path):
-    ws = make_workspace(
+    ws = sft_workspace(
         tmp_path / "ws",
         {
             "model": {**TINY["model"], "lora": {"rank": 4, "alpha": 8.0}},
@@ -25,8 +25,6 @@ def test_one_ppo_iteration_with_lora_writes_adapters_and_a_merged_final(tmp_path
             "train": {**TINY["train"], "iterations": 1, "kl_coef": 0.05},
         },
     )
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], ws)
     run(["python", "-m", "flows.train", "--algo", "ppo", "--rl-seed", "0"], ws, timeout=1200)
 
     ckpt = ws / "runs" / "ppo-s0" / "iter_0000" / "checkpoint"
@@ -49,11 +47,9 @@ def test_one_ppo_iteration_with_lora_writes_adapters_and_a_merged_final(tmp_path
     metrics = json.loads((ws / "metrics" / "train_ppo-s0.json").read_text())
     assert metrics  # the stage finished and wrote its summary
 
-    bad = make_workspace(
+    bad = sft_workspace(
         tmp_path / "bad", {"model": {**TINY["model"], "lora": {"rank": 4, "target_modules": ["c_attn"]}}}
     )
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], bad)
     out = run(["python", "-m", "flows.train", "--algo", "ppo", "--rl-seed", "0"], bad, check=False)
     assert out.returncode == 2
     assert "error: train: model.lora.target_modules ['c_attn']" in out.stderr

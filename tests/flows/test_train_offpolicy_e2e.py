@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from tests.flows.workspace import TINY, make_workspace, run
+from tests.flows.workspace import TINY, run, sft_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ MISMATCH = ("actor/mismatch/kl", "actor/mismatch/max_abs_log_ratio", "actor/mism
 
 def test_one_grpo_iteration_with_recompute_and_tis_logs_the_mismatch(tmp_path):
     algorithms = {**TINY["algorithms"], "grpo": {**TINY["algorithms"]["grpo"], "correction": "tis"}}
-    ws = make_workspace(
+    ws = sft_workspace(
         tmp_path / "ws",
         {
             "rollout": {**TINY["rollout"], "engine": "hf"},
@@ -28,8 +28,6 @@ def test_one_grpo_iteration_with_recompute_and_tis_logs_the_mismatch(tmp_path):
             "algorithms": algorithms,
         },
     )
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], ws)
     run(["python", "-m", "flows.train", "--algo", "grpo", "--rl-seed", "0"], ws, timeout=1200)
 
     metrics = json.loads((ws / "runs" / "grpo-s0" / "iter_0000" / "metrics.json").read_text())

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.flows.workspace import TINY, kill_when_written, make_workspace, run
+from tests.flows.workspace import kill_when_written, one_grpo_run, run, sft_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -24,18 +24,7 @@ TRAIN = ["python", "-m", "flows.train", "--algo", "grpo", "--rl-seed", "0"]
 
 
 def _prepared(root):
-    ws = make_workspace(
-        root,
-        {
-            "rollout": {**TINY["rollout"], "partial": True},
-            "train": {**TINY["train"], "iterations": ITERATIONS, "val_every": 10, "entropy_coef": 0.01},
-            "algorithms": {**TINY["algorithms"], "grpo": {**TINY["algorithms"]["grpo"], "correction": "tis"}},
-            "compare": {"algorithms": ["grpo"], "seeds": [0]},
-        },
-    )
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], ws)
-    return ws
+    return sft_workspace(root, one_grpo_run(ITERATIONS, {"partial": True}, "tis"))
 
 
 def _table(ws, k, name):

@@ -12,7 +12,7 @@ import sqlite3
 import polars as pl
 import pytest
 
-from tests.flows.workspace import kill_when_written, make_workspace, run
+from tests.flows.workspace import kill_when_written, run, sft_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -31,10 +31,7 @@ TRAIN = {
 
 
 def _prepared(root):
-    ws = make_workspace(root, TRAIN)
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], ws)
-    return ws
+    return sft_workspace(root, TRAIN)
 
 
 def _train(ws, **kw):

@@ -70,3 +70,11 @@ def test_a_stale_rollout_runs_vllm_in_a_process_of_its_own():
         update={"rollout": params.rollout.model_copy(update={"staleness": 1}), "algorithms": tis}
     )
     assert train_settings.session_config(stale, "grpo").rollout.own_process is True
+
+
+def test_own_process_puts_vllm_in_a_process_of_its_own_at_staleness_0():
+    params = load_params(REPO / "params.yaml", overrides={"rollout.own_process": True})
+    settings = train_settings.session_config(params, "grpo").rollout
+    assert settings.own_process is True and params.rollout.staleness == 0
+    assert settings.sleep_mode is True  # synchronous: nothing generates during the update
+    assert settings.inflight_updates is False

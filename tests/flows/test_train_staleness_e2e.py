@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.flows.workspace import TINY, kill_when_written, make_workspace, run
+from tests.flows.workspace import kill_when_written, one_grpo_run, run, sft_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -25,21 +25,8 @@ TRAIN = ["python", "-m", "flows.train", "--algo", "grpo", "--rl-seed", "0"]
 
 
 def _prepared(root, task):
-    ws = make_workspace(
-        root,
-        {
-            "task": task,
-            "rollout": {**TINY["rollout"], "staleness": 1},
-            # validation after the last iteration only (the thread is drained for it); the tiny SFT
-            # model scores 0 everywhere, so an entropy bonus makes every update move the weights
-            "train": {**TINY["train"], "iterations": ITERATIONS, "val_every": 10, "entropy_coef": 0.01},
-            "algorithms": {**TINY["algorithms"], "grpo": {**TINY["algorithms"]["grpo"], "correction": "tis"}},
-            "compare": {"algorithms": ["grpo"], "seeds": [0]},
-        },
-    )
-    for stage in ("prepare", "base_model", "sft"):
-        run(["python", "-m", f"flows.{stage}"], ws)
-    return ws
+    # validation after the last iteration only: the thread is drained for it
+    return sft_workspace(root, one_grpo_run(ITERATIONS, {"staleness": 1}, "tis", task=task))
 
 
 def _metrics(ws, k):

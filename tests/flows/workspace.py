@@ -90,6 +90,31 @@ def make_workspace(root: Path, overrides: dict | None = None) -> Path:
     return root
 
 
+def sft_workspace(root: Path, overrides: dict | None = None, timeout: float = 900) -> Path:
+    """:func:`make_workspace`, then its prepare, base_model and sft stages: a workspace ready to train."""
+    ws = make_workspace(root, overrides)
+    for stage in ("prepare", "base_model", "sft"):
+        run(["python", "-m", f"flows.{stage}"], ws, timeout=timeout)
+    return ws
+
+
+def one_grpo_run(iterations: int, rollout: dict | None = None, correction: str = "none", **top) -> dict:
+    """Overrides for one GRPO run (RL seed 0) of ``iterations`` iterations with ``rollout`` over TINY's
+    and ``algorithms.grpo.correction``, validated after the last iteration only; ``top``: more
+    top-level keys (``task``). The tiny SFT model scores 0 everywhere, so an entropy bonus makes every
+    update move the weights."""
+    return {
+        **top,
+        "rollout": {**TINY["rollout"], **(rollout or {})},
+        "train": {**TINY["train"], "iterations": iterations, "val_every": 10, "entropy_coef": 0.01},
+        "algorithms": {
+            **TINY["algorithms"],
+            "grpo": {**TINY["algorithms"]["grpo"], "correction": correction},
+        },
+        "compare": {"algorithms": ["grpo"], "seeds": [0]},
+    }
+
+
 def _workspace_env(cwd: Path) -> dict[str, str]:
     """This process's environment without its Prefect, MLflow and DVC settings, the venv first on PATH
     and the workspace's code (not the developer's editable install) on PYTHONPATH."""
