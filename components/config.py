@@ -281,9 +281,8 @@ class RolloutParams(Section):
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The section's dump without the keys added since runs were recorded, at their defaults
         (``staleness`` 0, ``partial`` off and its pool, ``engine_cpus`` auto, ``own_process`` and
-        ``inflight_updates`` off): what a
-        run's fingerprint, its Prefect
-        cache keys and its MLflow params read stays what it was before those keys existed."""
+        ``inflight_updates`` off): what a run's fingerprint, its Prefect cache keys and its MLflow
+        params read stays what it was before those keys existed."""
         out = _without_defaults(
             handler(self),
             {
@@ -314,7 +313,7 @@ class RolloutParams(Section):
         ``seed``: a step's prompt + response fit its context (``max_model_len``); it sleeps during the
         update (``sleep_during_update``) only where an update runs beside it (``updates``), and never at
         ``staleness`` >= 1, where it generates during the update;
-        ``own_process``: vLLM in a process of its own (beside a data-parallel world of several ranks)."""
+        ``own_process``: vLLM in a process of its own (Params.engine_in_own_process)."""
         return EngineSettings(
             engine=self.engine,
             dtype=self.dtype,
